@@ -1,0 +1,23 @@
+"""The `ort-hf` command: `ort-hf doctor` checks that the engine can train on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ort-hf", description="ort_hf: Hugging Face training on ONNX Runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="versions, extension status and a one-step training check")
+    doctor.add_argument("--build", action="store_true", help="build missing extensions now (the default too)")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from .doctor import run_doctor
+
+        return run_doctor()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""`ort-hf doctor`: one screen on whether ORT training works here, and what to fix if not."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import shutil
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def _train_one_step() -> str:
+    """Run one training step of a tiny model through ORT with fallback disabled."""
+    import torch
+
+    from .engine import ORTOptions, wrap_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR"))
+    wrapped.train()
+    loss = wrapped(torch.randn(4, 8)).square().mean()
+    loss.backward()
+    status = wrapped.engine_status()
+    if status.backend != "ort":
+        raise RuntimeError(f"backend is {status.backend}: {status.fallback_reason}")
+    return f"ok (one step through ORT, export {status.export_seconds:.2f}s)"
+
+
+def run_doctor() -> int:
+    lines: list[tuple[str, str]] = []
+    problems: list[str] = []
+    lines.append(("python", platform.python_version()))
+    for dist in ("torch", "transformers", "accelerate", "onnx"):
+        lines.append((dist, _version(dist)))
+    ort_cpu, ort_gpu = _version("onnxruntime-training-cpu"), _version("onnxruntime-training")
+    lines.append(("onnxruntime-training-cpu", ort_cpu))
+    lines.append(("onnxruntime-training", ort_gpu))
+    lines.append(("c++ compiler", shutil.which("c++") or shutil.which("g++") or "missing"))
+    lines.append(("ninja", shutil.which("ninja") or "missing"))
+
+    from .engine import is_ort_training_available
+
+    can_train = False
+    if not is_ort_training_available():
+        from .engine import INSTALL_HINT
+
+        problems.append(INSTALL_HINT)
+    else:
+        import torch
+
+        from .engine import EngineUnavailableError, ExtensionBuildError
+        from .engine.extensions import extension_dir
+        from .engine.runtime import ensure_engine
+
+        try:
+            import onnxruntime
+
+            lines.append(("ORT providers", ", ".join(onnxruntime.get_available_providers())))
+            lines.append(("device", "cuda" if torch.cuda.is_available() else "cpu (no CUDA device)"))
+            state = ensure_engine()
+            lines.append(("extension cache", str(extension_dir())))
+            for name, st in state.extensions.items():
+                lines.append((f"  {name}", f"built: {st.path}" if st.loaded else f"FAILED: {st.error}"))
+            if not state.pythonop_available:
+                problems.append("PythonOp unavailable: custom autograd functions are inlined, label sparsity off.")
+            lines.append(("training check", _train_one_step()))
+            can_train = True
+        except (EngineUnavailableError, ExtensionBuildError, RuntimeError) as exc:
+            problems.append(str(exc))
+
+    width = max(len(k) for k, _ in lines)
+    print("ort-hf doctor")
+    for key, value in lines:
+        print(f"  {key.ljust(width)}  {value}")
+    for problem in problems:
+        print(f"  PROBLEM: {problem}")
+    print("  result: " + ("the engine can train" if can_train else "the engine cannot train here"))
+    return 0 if can_train else 1

@@ -1,0 +1,180 @@
+"""Every bridge between onnxruntime-training 1.19.2 and today's torch lives here.
+
+ORTModule 1.19.2 (Sep 2024) is the last release and was written against torch <= 2.4.
+Each bridge says what moved, in which torch version, and when it can go. Bridges are
+applied once, by :func:`apply_torch_bridges` (before ORTModule is imported) and
+:func:`apply_ort_bridges` (right after), on first use of the engine, never on
+``import ort_hf``. None changes what code outside an ORTModule export sees.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import contextvars
+import threading
+import time
+import types
+from dataclasses import dataclass
+
+_lock = threading.Lock()
+
+
+@dataclass
+class ExportRecord:
+    """Per wrapped model: what the bridges saw during its ORT exports."""
+
+    enable_label_sparsity: bool = True
+    export_count: int = 0
+    export_seconds: float = 0.0
+
+
+# The wrapped model whose forward is running: bridges below read its per-model settings,
+# since ORT's hooks receive no per-model options of their own.
+ACTIVE_EXPORT_RECORD: contextvars.ContextVar[ExportRecord | None] = contextvars.ContextVar(
+    "ort_hf_active_export_record", default=None
+)
+_torch_done = False
+_ort_done = False
+
+
+def _alias_module(public_name: str, real_name: str) -> None:
+    """Make ``import public_name`` and ``parent.attr`` resolve to ``real_name``."""
+    if public_name in sys.modules:
+        return
+    module = importlib.import_module(real_name)
+    sys.modules[public_name] = module
+    parent_name, _, attr = public_name.rpartition(".")
+    parent = importlib.import_module(parent_name)
+    if not hasattr(parent, attr):
+        setattr(parent, attr, module)
+
+
+def _bridge_torch_onnx_modules() -> None:
+    # torch 2.9 moved the TorchScript exporter to torch.onnx._internal.torchscript_exporter
+    # (pytorch#148252 and follow-ups); ORT 1.19.2 imports the old paths
+    # torch.onnx._internal.jit_utils, torch.onnx._type_utils and torch.onnx._globals.
+    # Can go when ORTModule is dropped or patched upstream (no upstream release will come).
+    new = "torch.onnx._internal.torchscript_exporter"
+    _alias_module("torch.onnx._internal.jit_utils", f"{new}.jit_utils")
+    _alias_module("torch.onnx._type_utils", f"{new}._type_utils")
+    _alias_module("torch.onnx._globals", f"{new}._globals")
+    _alias_module("torch.onnx._internal.registration", f"{new}.registration")
+    # torch 2.5 removed torch.onnx._internal._beartype (it was an identity decorator once
+    # beartype checking was off, which it always was in releases). ORT only uses it to
+    # decorate one function for ZeRO-3; an identity stand-in keeps that import working.
+    if "torch.onnx._internal._beartype" not in sys.modules:
+        beartype = types.ModuleType("torch.onnx._internal._beartype")
+        beartype.beartype = lambda fn: fn
+        sys.modules[beartype.__name__] = beartype
+        import torch.onnx._internal as internal
+
+        internal._beartype = beartype
+
+
+def _bridge_exporter_default() -> None:
+    # torch 2.9 switched torch.onnx.export to dynamo=True by default. ORTModule needs the
+    # TorchScript exporter (its symbolics, PythonOp export and autograd_inlining only exist
+    # there) but never passes `dynamo`. Only calls made inside ORTModule's export context get
+    # dynamo=False; every other caller sees torch's own default. functools.wraps keeps the
+    # real signature visible: ORT inspects it for `autograd_inlining`.
+    # Can go when ORTModule passes dynamo=False itself (never, upstream is frozen).
+    import torch.onnx
+
+    original = torch.onnx.export
+    if getattr(original, "_ort_hf_bridge", False):
+        return
+
+    @functools.wraps(original)
+    def export(*args, **kwargs):
+        ortmodule = sys.modules.get("onnxruntime.training.ortmodule")
+        in_ort_export = ortmodule is not None and ortmodule.ORTMODULE_ONNX_EXPORT_CONTEXT[0]
+        if not in_ort_export:
+            return original(*args, **kwargs)
+        kwargs.setdefault("dynamo", False)
+        record = ACTIVE_EXPORT_RECORD.get()
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if record is not None:
+                record.export_count += 1
+                record.export_seconds += time.perf_counter() - start
+
+    export._ort_hf_bridge = True
+    torch.onnx.export = export
+
+
+def apply_torch_bridges() -> None:
+    """Bridges that must be in place before ``onnxruntime.training.ortmodule`` imports."""
+    global _torch_done
+    with _lock:
+        if _torch_done:
+            return
+        _bridge_torch_onnx_modules()
+        _bridge_exporter_default()
+        _torch_done = True
+
+
+def _bridge_cpu_nvtx() -> None:
+    # torch.cuda.nvtx.range_push raises on CPU builds of torch (since ~2.2 the stub raises
+    # "NVTX functions not installed"); ORT calls it unconditionally around every forward and
+    # backward. Replace ORT's helpers, wherever ORT imported them by name, with versions
+    # that do nothing when CUDA is unavailable. Can go with ORTModule.
+    import torch
+    from onnxruntime.training.utils import torch_profile_utils as tpu
+
+    if getattr(tpu.torch_nvtx_range_push, "_ort_hf_bridge", False):
+        return
+    original_push, original_pop = tpu.torch_nvtx_range_push, tpu.torch_nvtx_range_pop
+
+    def push(msg):
+        if torch.cuda.is_available():
+            original_push(msg)
+
+    def pop():
+        if torch.cuda.is_available():
+            original_pop()
+
+    push._ort_hf_bridge = pop._ort_hf_bridge = True
+    replacements = {id(original_push): push, id(original_pop): pop}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("onnxruntime.training") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in replacements:
+                setattr(module, attr, replacements[id(value)])
+
+
+def _bridge_sparsity_switches() -> None:
+    # ORT 1.19.2 bugs, both in GraphTransitionManager: (a) the label-sparsity hook is gated by
+    # the *embedding* switch, so ORTMODULE_ENABLE_LABEL_SPARSE_OPTIMIZER=0 is ignored; (b) when
+    # that switch is off the hook returns None, and export then iterates None
+    # ("TypeError: 'NoneType' object is not iterable"), so ENABLE_EMBEDDING_SPARSE_OPTIMIZER=0
+    # and ENABLE_COMPUTE_OPTIMIZER=0 crash. The wrapper gates the label hook by the active
+    # model's own label switch and always returns a list. Can go with ORTModule.
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    original = GTM._add_check_label_sparsity_hook
+    if getattr(original, "_ort_hf_bridge", False):
+        return
+
+    def add_label_hook(enable_flag_from_ort, logger, runtime_inspector, flattened_module):
+        record = ACTIVE_EXPORT_RECORD.get()
+        enabled = record.enable_label_sparsity if record is not None else enable_flag_from_ort
+        return original(enabled, logger, runtime_inspector, flattened_module) or []
+
+    add_label_hook._ort_hf_bridge = True
+    GTM._add_check_label_sparsity_hook = staticmethod(add_label_hook)
+
+
+def apply_ort_bridges() -> None:
+    """Bridges applied to ORT's own modules right after they import."""
+    global _ort_done
+    with _lock:
+        if _ort_done:
+            return
+        _bridge_cpu_nvtx()
+        _bridge_sparsity_switches()
+        _ort_done = True

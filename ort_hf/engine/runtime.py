@@ -1,0 +1,102 @@
+"""Bring ORTModule up once per process: bridges, extensions, symbolics.
+
+Nothing here runs on ``import ort_hf``; the first call to :func:`ensure_engine` (from
+``wrap_model`` or ``ort-hf doctor``) does the work and caches the result.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+from .errors import EngineUnavailableError
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "ONNX Runtime training is not installed. Install the extra for your machine: "
+    "`pip install 'ort_hf[cpu]'` (onnxruntime-training-cpu==1.19.2) or "
+    "`pip install 'ort_hf[gpu]'` (onnxruntime-training==1.19.2, CUDA 11.8). "
+    "It has wheels for Python 3.8-3.11 only."
+)
+
+
+@dataclass
+class EngineState:
+    ortmodule: object
+    extensions: dict = field(default_factory=dict)
+    pythonop_available: bool = False
+    registered_opsets: set = field(default_factory=set)
+
+
+_state: EngineState | None = None
+_lock = threading.Lock()
+
+
+def is_ort_training_available() -> bool:
+    """True when onnxruntime-training is installed (cheap: does not import it)."""
+    try:
+        return importlib.util.find_spec("onnxruntime.training") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def ensure_engine() -> EngineState:
+    """Import ORTModule on today's torch and make its extensions available."""
+    global _state
+    if _state is not None:
+        return _state
+    with _lock:
+        if _state is not None:
+            return _state
+        if not is_ort_training_available():
+            raise EngineUnavailableError(INSTALL_HINT)
+        from . import compat, extensions
+
+        from .options import scoped_environ
+
+        compat.apply_torch_bridges()
+        try:
+            # ORT enables custom autograd support while importing, which imports the
+            # torch_interop_utils extension that is not built yet; it is enabled per model in
+            # wrap_model once the extensions are loaded.
+            with scoped_environ({"ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0"}):
+                import onnxruntime.training.ortmodule as ortmodule
+        except ImportError as exc:
+            raise EngineUnavailableError(
+                f"onnxruntime.training.ortmodule failed to import ({exc}). {INSTALL_HINT}"
+            ) from exc
+        compat.apply_ort_bridges()
+        statuses = extensions.load_all()
+        if not statuses["aten_op_executor"].loaded:
+            from .errors import ExtensionBuildError
+
+            raise ExtensionBuildError(statuses["aten_op_executor"].error)
+        pythonop = statuses["torch_interop_utils"].loaded
+        if not pythonop:
+            warnings.warn(
+                "ort_hf: ORT's PythonOp extension is unavailable, so custom autograd functions are "
+                f"inlined and label sparsity cannot fire: {statuses['torch_interop_utils'].error}",
+                stacklevel=3,
+            )
+            extensions.install_interop_stand_in()
+        # ORT checked for .so files inside its own package at import and recorded a pending
+        # init failure; the extensions are now loaded from our cache instead.
+        pending = ortmodule._FALLBACK_INIT_EXCEPTION
+        if pending is not None and "extensions were not detected" in str(pending):
+            ortmodule._FALLBACK_INIT_EXCEPTION = None
+        _state = EngineState(ortmodule=ortmodule, extensions=statuses, pythonop_available=pythonop)
+        return _state
+
+
+def register_symbolics(state: EngineState, opset_version: int) -> None:
+    with _lock:
+        if opset_version in state.registered_opsets:
+            return
+        from .symbolics import register_training_symbolics
+
+        register_training_symbolics(opset_version)
+        state.registered_opsets.add(opset_version)

@@ -1,0 +1,326 @@
+"""ONNX export symbolics that ORTModule needs on current torch to train Hugging Face models.
+
+ORTModule exports the model with torch's TorchScript exporter and then builds the backward
+graph itself from the exported ONNX forward. A few of torch's symbolics produce graphs that
+export fine but that ORT cannot differentiate, or that are not valid ONNX; others are
+missing. The replacements here are registered with ``torch.onnx.register_custom_op_symbolic``
+(custom symbolics take precedence over torch's own for the opset they are registered in) by
+:func:`register_training_symbolics`, which the engine calls once per ONNX opset before the
+first export.
+
+``aten::scaled_dot_product_attention``
+    transformers' default attention (``attn_implementation="sdpa"``). torch's opset-14
+    symbolic emits ``Dropout`` with one output and no ``training_mode`` input; ORT's Dropout
+    gradient needs the mask output, so building the gradient graph fails
+    (``gradient_builder_base.h ... i < node_->OutputDefs().size()``) as soon as attention
+    dropout is non-zero. It also rejects ``enable_gqa=True`` (transformers passes it for
+    grouped-query attention when there is no attention mask) and turns fully masked rows of
+    a boolean mask into 0 through ``Where(IsNaN)``, whose backward is NaN. The decomposition
+    below is differentiable by ORT and matches torch's math (rows where every key is masked
+    give 0 output and 0 gradient, for boolean and for float ``-inf`` masks alike).
+``aten::diff``
+    torch has no symbolic at all. transformers' packed-sequence detection
+    (``masking_utils.find_packed_sequence_indices``) calls ``torch.diff`` on ``position_ids``
+    whenever a model that builds masks through ``masking_utils`` runs without an attention
+    mask, and under tracing it always keeps the result.
+``aten::cumsum``
+    torch's symbolic hands boolean (and other non-float) inputs straight to ONNX ``CumSum``,
+    which only accepts int32/int64/uint32/uint64/float/double: the same packed-sequence code
+    does ``(position_diff != 1).cumsum(-1)`` on a bool tensor. torch promotes integral and
+    bool inputs to int64; so does this symbolic.
+
+ORTModule re-registers its own symbolic table on every construction. That table has an
+``aten::scaled_dot_product_attention`` entry only when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is
+set (a CUDA-only ATen fallback that does not work on torch 2.13); with that variable set,
+ORT's entry would replace the one here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+_DONE: set[int] = set()
+_LOCK = threading.Lock()
+_INT64_MAX = 2**63 - 1
+
+
+def _helpers():
+    """torch's TorchScript exporter helpers (moved under ``_internal`` in torch 2.9)."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
+    except ImportError:  # torch < 2.9
+        from torch.onnx import _type_utils, symbolic_helper  # type: ignore[no-redef]
+    return symbolic_helper, _type_utils
+
+
+# --------------------------------------------------------------------------------------
+# small graph-building helpers
+# --------------------------------------------------------------------------------------
+
+
+def _const(g, value, dtype):
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
+def _scalar_type(value, default=None):
+    _, _type_utils = _helpers()
+    undefined = _type_utils.JitScalarType.UNDEFINED
+    st = _type_utils.JitScalarType.from_value(value, undefined)
+    if st == undefined:
+        return default
+    return st
+
+
+def _shape_slice(g, shape, start, end):
+    """``shape[start:end]`` of a 1-D int64 shape tensor."""
+    return g.op(
+        "Slice",
+        shape,
+        _const(g, [start], torch.int64),
+        _const(g, [end], torch.int64),
+        _const(g, [0], torch.int64),
+    )
+
+
+def _reduce_max_last(g, x):
+    """ReduceMax over the last axis, keepdims (axes moved from attribute to input in opset 18)."""
+    if g.opset >= 18:
+        return g.op("ReduceMax", x, _const(g, [-1], torch.int64), keepdims_i=1)
+    return g.op("ReduceMax", x, axes_i=[-1], keepdims_i=1)
+
+
+def _slice_axis(g, x, axis, start, end):
+    return g.op(
+        "Slice",
+        x,
+        _const(g, [start], torch.int64),
+        _const(g, [end], torch.int64),
+        _const(g, [axis], torch.int64),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# aten::scaled_dot_product_attention
+# --------------------------------------------------------------------------------------
+
+
+def _repeat_heads(g, x, n_rep, rank):
+    """``x.repeat_interleave(n_rep, dim=-3)`` for x of shape (..., H, S, E).
+
+    ``n_rep`` is an int or a 1-element int64 tensor value. Batch and sequence sizes stay
+    dynamic.
+    """
+    head_axis = rank - 3
+    unsqueezed = g.op("Unsqueeze", x, _const(g, [head_axis + 1], torch.int64))  # (..., H, 1, S, E)
+    if isinstance(n_rep, int):
+        expand_shape = _const(g, [1] * (head_axis + 1) + [n_rep, 1, 1], torch.int64)
+    else:
+        parts = []
+        if head_axis + 1:
+            parts.append(_const(g, [1] * (head_axis + 1), torch.int64))
+        parts += [n_rep, _const(g, [1, 1], torch.int64)]
+        expand_shape = g.op("Concat", *parts, axis_i=0)
+    expanded = g.op("Expand", unsqueezed, expand_shape)  # (..., H, n, S, E)
+    shape = g.op("Shape", x)
+    target = [_const(g, [-1], torch.int64), _shape_slice(g, shape, rank - 2, _INT64_MAX)]
+    if head_axis:
+        target.insert(0, _shape_slice(g, shape, 0, head_axis))
+    return g.op("Reshape", expanded, g.op("Concat", *target, axis_i=0))
+
+
+def _causal_keep(g, query, key, rank_q, rank_k):
+    """Bool (L, S) mask, True where key position <= query position (top-left aligned, like torch)."""
+    q_len = g.op("Gather", g.op("Shape", query), _const(g, rank_q - 2, torch.int64), axis_i=0)
+    k_len = g.op("Gather", g.op("Shape", key), _const(g, rank_k - 2, torch.int64), axis_i=0)
+    zero, one = _const(g, 0, torch.int64), _const(g, 1, torch.int64)
+    rows = g.op("Unsqueeze", g.op("Range", zero, q_len, one), _const(g, [1], torch.int64))
+    cols = g.op("Unsqueeze", g.op("Range", zero, k_len, one), _const(g, [0], torch.int64))
+    return g.op("GreaterOrEqual", rows, cols)
+
+
+def _sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    symbolic_helper, _type_utils = _helpers()
+    JST = _type_utils.JitScalarType
+
+    q_type = _scalar_type(query, JST.FLOAT)
+    dtype, onnx_dtype = q_type.dtype(), q_type.onnx_type()
+
+    dropout_p = symbolic_helper._maybe_get_const(dropout_p, "f")
+    is_causal = bool(symbolic_helper._maybe_get_const(is_causal, "b"))
+    enable_gqa = False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
+    has_mask = not symbolic_helper._is_none(attn_mask)
+
+    rank_q = symbolic_helper._get_tensor_rank(query) or 4
+    rank_k = symbolic_helper._get_tensor_rank(key) or 4
+    sizes_q = symbolic_helper._get_tensor_sizes(query) or [None] * rank_q
+    sizes_k = symbolic_helper._get_tensor_sizes(key) or [None] * rank_k
+
+    # Grouped-query attention: K/V carry fewer heads than Q; repeat each K/V head (torch's
+    # enable_gqa semantics, repeat_interleave on dim -3). Decided from static head counts
+    # when known, otherwise from the enable_gqa flag with the ratio computed at run time.
+    if rank_q >= 3 and rank_k >= 3:
+        h_q, h_k = sizes_q[-3], sizes_k[-3]
+        if h_q is not None and h_k is not None:
+            if h_q != h_k:
+                if h_q % h_k:
+                    raise ValueError(f"scaled_dot_product_attention: {h_q} query heads are not a multiple of {h_k} key/value heads")
+                key = _repeat_heads(g, key, h_q // h_k, rank_k)
+                value = _repeat_heads(g, value, h_q // h_k, rank_k)
+        elif enable_gqa:
+            q_heads = _shape_slice(g, g.op("Shape", query), rank_q - 3, rank_q - 2)
+            k_heads = _shape_slice(g, g.op("Shape", key), rank_k - 3, rank_k - 2)
+            n_rep = g.op("Div", q_heads, k_heads)
+            key = _repeat_heads(g, key, n_rep, rank_k)
+            value = _repeat_heads(g, value, n_rep, rank_k)
+
+    # Scale: the `scale` argument, else 1/sqrt(head_dim). Applied to Q before Q @ K^T.
+    scale = None if symbolic_helper._is_none(scale) else symbolic_helper._maybe_get_const(scale, "f")
+    if scale is None:
+        head_dim = sizes_q[-1]
+        if head_dim is not None:
+            scale_v = _const(g, 1.0 / math.sqrt(head_dim), dtype)
+        else:
+            e = _shape_slice(g, g.op("Shape", query), -1, _INT64_MAX)
+            scale_v = g.op("Reciprocal", g.op("Sqrt", g.op("Cast", e, to_i=onnx_dtype)))
+    elif isinstance(scale, float):
+        scale_v = _const(g, scale, dtype)
+    else:  # a run-time value
+        scale_v = g.op("Cast", scale, to_i=onnx_dtype)
+
+    perm = list(range(rank_k))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = g.op("MatMul", g.op("Mul", query, scale_v), g.op("Transpose", key, perm_i=perm))
+
+    # Masks. Boolean: True = attend. Float: added to the scores. Rows where every key is
+    # masked give 0 output and 0 gradient (torch's _safe_softmax), without NaN anywhere, so
+    # ORT's Softmax gradient stays finite.
+    keep = _causal_keep(g, query, key, rank_q, rank_k) if is_causal else None
+    row_valid = None  # broadcastable to scores, 1/0 (bool path) or True where row fully masked (float path)
+    mask_is_bool = has_mask and _scalar_type(attn_mask) == JST.BOOL
+    if has_mask and mask_is_bool:
+        keep = attn_mask if keep is None else g.op("And", attn_mask, keep)
+    if keep is not None and not (has_mask and not mask_is_bool):
+        # Masked scores become the dtype's lowest finite value (not -inf): a fully masked row
+        # then softmaxes to a uniform row, which the validity factor zeroes.
+        lowest = _const(g, torch.finfo(dtype).min, dtype)
+        scores = g.op("Where", keep, scores, lowest)
+        if has_mask:  # causal alone never masks a whole row
+            row_any = _reduce_max_last(g, g.op("Cast", keep, to_i=onnx_dtype))
+            row_valid = ("mul", row_any)
+    elif has_mask:
+        mask = attn_mask
+        m_type = _scalar_type(mask)
+        if m_type is not None and m_type != q_type:
+            mask = g.op("Cast", mask, to_i=onnx_dtype)
+        if keep is not None:  # float mask and is_causal (torch refuses this; combine anyway)
+            mask = g.op("Where", keep, mask, _const(g, float("-inf"), dtype))
+        scores = g.op("Add", scores, mask)
+        row_max = _reduce_max_last(g, mask)
+        if dtype not in (torch.float32, torch.float64):  # IsInf is float/double only before opset 20
+            row_max = g.op("Cast", row_max, to_i=JST.FLOAT.onnx_type())
+        neg_inf_row = g.op("IsInf", row_max, detect_positive_i=0, detect_negative_i=1)
+        scores = g.op("Where", neg_inf_row, _const(g, 0.0, dtype), scores)
+        row_valid = ("where", neg_inf_row)
+
+    weights = g.op("Softmax", scores, axis_i=-1)
+    if row_valid is not None:
+        kind, v = row_valid
+        if kind == "mul":
+            weights = g.op("Mul", weights, v)
+        else:
+            weights = g.op("Where", v, _const(g, 0.0, dtype), weights)
+
+    # Dropout with training_mode=True and both outputs, which is what ORT's gradient needs.
+    # (SDPA applies dropout_p regardless of module.training, so training_mode is always on;
+    # transformers passes 0.0 in eval.)
+    if isinstance(dropout_p, float) and dropout_p == 0.0:
+        pass
+    else:
+        if isinstance(dropout_p, float):
+            ratio = _const(g, dropout_p, torch.float)
+        else:
+            ratio = g.op("Cast", dropout_p, to_i=_type_utils.JitScalarType.FLOAT.onnx_type())
+        weights, _mask = g.op("Dropout", weights, ratio, _const(g, True, torch.bool), outputs=2)
+
+    return g.op("MatMul", weights, value)
+
+
+# --------------------------------------------------------------------------------------
+# aten::diff, aten::cumsum
+# --------------------------------------------------------------------------------------
+
+
+def _diff(g, self, n=1, dim=-1, prepend=None, append=None):
+    symbolic_helper, _type_utils = _helpers()
+    n = symbolic_helper._get_const(n, "i", "n")
+    dim = symbolic_helper._get_const(dim, "i", "dim")
+    x_type = _scalar_type(self)
+
+    def _as_self_type(t):
+        t_type = _scalar_type(t)
+        if x_type is not None and t_type is not None and t_type != x_type:
+            return g.op("Cast", t, to_i=x_type.onnx_type())
+        return t
+
+    parts = []
+    if not symbolic_helper._is_none(prepend):
+        parts.append(_as_self_type(prepend))
+    parts.append(self)
+    if not symbolic_helper._is_none(append):
+        parts.append(_as_self_type(append))
+    x = g.op("Concat", *parts, axis_i=dim) if len(parts) > 1 else self
+
+    is_bool = x_type == _type_utils.JitScalarType.BOOL
+    for _ in range(n):
+        later = _slice_axis(g, x, dim, 1, _INT64_MAX)
+        earlier = _slice_axis(g, x, dim, 0, -1)
+        # torch.diff on bool is logical_xor of neighbours
+        x = g.op("Xor", later, earlier) if is_bool else g.op("Sub", later, earlier)
+    return x
+
+
+def _cumsum(g, self, dim, dtype=None):
+    symbolic_helper, _type_utils = _helpers()
+    JST = _type_utils.JitScalarType
+    dim = symbolic_helper._get_const(dim, "i", "dim")
+    if not symbolic_helper._is_none(dtype):
+        target = JST(symbolic_helper._get_const(dtype, "i", "dtype"))
+    else:
+        src = _scalar_type(self)
+        floating = {JST.FLOAT, JST.DOUBLE, JST.HALF, JST.BFLOAT16}
+        # torch: integral and bool inputs accumulate (and return) int64
+        target = src if src in floating else JST.INT64
+    src = _scalar_type(self)
+    x = self if src == target else g.op("Cast", self, to_i=target.onnx_type())
+    return g.op("CumSum", x, _const(g, dim, torch.int64))
+
+
+# --------------------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------------------
+
+SYMBOLICS = {
+    "aten::scaled_dot_product_attention": _sdpa,
+    "aten::diff": _diff,
+    "aten::cumsum": _cumsum,
+}
+
+
+def register_training_symbolics(opset_version: int) -> None:
+    """Register this module's symbolics for ``opset_version`` (once per opset; thread-safe).
+
+    Affects every TorchScript ONNX export in the process at that opset, not only
+    ORTModule's; the decompositions are exact, so plain exports stay correct.
+    """
+    opset_version = int(opset_version)
+    with _LOCK:
+        if opset_version in _DONE:
+            return
+        if opset_version < 14:
+            raise ValueError(f"ort_hf's training symbolics need ONNX opset >= 14 (got {opset_version})")
+        for name, fn in SYMBOLICS.items():
+            torch.onnx.register_custom_op_symbolic(name, fn, opset_version)
+        _DONE.add(opset_version)

@@ -1,0 +1,179 @@
+"""wrap_model: a torch module that trains through ORTModule, and says whether it did."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import compat
+from .errors import ORTFallbackError
+from .options import ORTOptions, environment_for, scoped_environ
+from .runtime import EngineState, ensure_engine, register_symbolics
+
+logger = logging.getLogger(__name__)
+
+_OP_RE = re.compile(r"(aten::\w+|prim::\w+|onnx::\w+)")
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What ran the last training forward of a wrapped model.
+
+    ``backend`` is ``"ort"`` once an ORT session executed, ``"pytorch"`` after a fallback
+    (``fallback_reason`` says why) and ``"not_run"`` before the first training forward.
+    """
+
+    backend: str
+    fallback_reason: str | None
+    export_count: int
+    export_seconds: float
+    pythonop: bool
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line naming what ORT could not handle, with the unsupported op when there is one."""
+    text = str(exc)
+    ops = [op for op in _OP_RE.findall(text) if op not in ("prim::PythonOp", "prim::Constant")]
+    head = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if ops:
+        return f"unsupported op {ops[0]} ({type(exc).__name__}: {head[:300]})"
+    return f"{type(exc).__name__}: {head[:300]}"
+
+
+class ORTTrainingModule(nn.Module):
+    """Trains ``module`` through ORTModule; evaluates in PyTorch unless ``eval_in_ort``.
+
+    Parameters and ``state_dict`` are the wrapped model's under the ``module.`` prefix, as
+    with DDP, so ``transformers``/``accelerate`` unwrap it the usual way; attributes the
+    wrapper does not have (``config``, ``save_pretrained``...) are read from the model.
+    """
+
+    def __init__(self, module: nn.Module, ort_module: nn.Module, options: ORTOptions, state: EngineState):
+        super().__init__()
+        self.module = module
+        # Not registered as a submodule: ORTModule shares the parameters above.
+        object.__setattr__(self, "_ort", ort_module)
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
+        object.__setattr__(self, "_record", compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity))
+        object.__setattr__(self, "_fallback_reason", None)
+        object.__setattr__(self, "_ran", False)
+        forward_params = inspect.signature(module.forward).parameters
+        config = getattr(module, "config", None)
+        # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type).
+        object.__setattr__(
+            self, "_disable_cache", "use_cache" in forward_params and bool(getattr(config, "use_cache", False))
+        )
+        self._ort.train(module.training)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._ort.train(mode)
+        return self
+
+    def forward(self, *args, **kwargs):
+        if not self.training and not self.options.eval_in_ort:
+            return self.module(*args, **kwargs)
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            args, kwargs = (), dict(args[0])  # ORTModule rejects BatchEncoding; plain dict it is
+        if self.training and self._disable_cache:
+            kwargs.setdefault("use_cache", False)
+        _set_custom_autograd(self._pythonop)
+        token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
+        try:
+            output = self._ort(*args, **kwargs)
+        except Exception as exc:
+            if self.options.fallback == "disable" and not isinstance(exc, ORTFallbackError):
+                raise ORTFallbackError(
+                    f"ORT could not run {type(self.module).__name__} and fallback is disabled: "
+                    f"{describe_failure(exc)}. Set fallback='auto' to train it in PyTorch instead."
+                ) from exc
+            raise
+        finally:
+            compat.ACTIVE_EXPORT_RECORD.reset(token)
+        if self.training:
+            self._note_backend()
+        return output
+
+    def _note_backend(self) -> None:
+        object.__setattr__(self, "_ran", True)
+        if self._fallback_reason is not None:
+            return
+        manager = self._ort._fallback_manager
+        if manager.is_pending():
+            reason = describe_failure(manager._exception)
+            object.__setattr__(self, "_fallback_reason", reason)
+            logger.warning(
+                "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s",
+                type(self.module).__name__,
+                reason,
+            )
+
+    def training_graph(self):
+        """The optimised ONNX training graph (forward + gradient) ORT built, after the first
+        training step; ``None`` before it or after a fallback. For inspection: check graphs,
+        not banners."""
+        manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
+        onnx_models = getattr(manager, "_onnx_models", None)
+        return getattr(onnx_models, "optimized_model", None)
+
+    def engine_status(self) -> EngineStatus:
+        if not self._ran:
+            backend = "not_run"
+        elif self._fallback_reason is not None:
+            backend = "pytorch"
+        else:
+            backend = "ort"
+        return EngineStatus(
+            backend=backend,
+            fallback_reason=self._fallback_reason,
+            export_count=self._record.export_count,
+            export_seconds=self._record.export_seconds,
+            pythonop=self._pythonop,
+        )
+
+
+def _set_custom_autograd(enabled: bool) -> None:
+    # ORT keeps custom-autograd support as process state, read at export; models wrapped with
+    # different settings each get theirs back before their forward.
+    from onnxruntime.training.ortmodule import _custom_autograd_function as caf
+
+    if caf.custom_autograd_function_enabler.state != enabled:
+        caf.enable_custom_autograd_support(enabled)
+
+
+def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTrainingModule:
+    """Return a module that trains ``model`` through ONNX Runtime's ORTModule.
+
+    The model keeps its parameters (an optimizer built on ``model.parameters()`` steps the
+    weights ORT trains). Check ``engine_status()`` after the first training step to see
+    whether ORT executed or fell back to PyTorch.
+    """
+    options = options or ORTOptions()
+    state = ensure_engine()
+    register_symbolics(state, options.opset_version)
+    from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
+
+    pythonop = state.pythonop_available and options.enable_custom_autograd
+    _set_custom_autograd(pythonop)
+    debug = DebugOptions(
+        log_level=LogLevel[options.log_level],
+        save_onnx=options.save_onnx,
+        onnx_prefix=type(model).__name__ if options.save_onnx else "",
+        save_path=options.onnx_dir or "",
+    )
+    with scoped_environ(environment_for(options)):
+        ort_module = ORTModule(model, debug_options=debug)
+    return ORTTrainingModule(model, ort_module, options, state)

@@ -1,0 +1,93 @@
+"""ORTOptions validation, and wrap_model leaving the environment as it found it."""
+
+import os
+
+import pytest
+import torch
+
+from ort_hf.engine import ORTOptions, wrap_model
+from ort_hf.engine.options import environment_for, scoped_environ
+
+BAD_VALUES = [
+    ("log_level", "LOUD"),
+    ("fallback", "sometimes"),
+    ("opset_version", 9),
+    ("opset_version", 99),
+    ("opset_version", "17"),
+    ("save_onnx", "yes"),
+    ("enable_compute_optimizer", 1),
+    ("enable_label_sparsity", None),
+    ("enable_embedding_sparsity", "no"),
+    ("memory_opt_level", 3),
+    ("memory_opt_plans", "BiasGelu+:1:-1"),
+    ("memory_opt_plans", ["not a plan"]),
+    ("deepcopy_before_export", 0),
+    ("enable_custom_autograd", "on"),
+    ("mem_efficient_grad_mgmt", 1),
+    ("use_triton", "1"),
+    ("use_efficient_attention", 2),
+    ("eval_in_ort", "false"),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_VALUES)
+def test_bad_value_names_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"ORTOptions\.{field}"):
+        ORTOptions(**{field: value})
+
+
+def test_conflicting_options_say_what_to_change():
+    with pytest.raises(ValueError, match="either memory_opt_level"):
+        ORTOptions(memory_opt_level=1, memory_opt_plans=["BiasGelu+:1:-1"])
+    with pytest.raises(ValueError, match="save_onnx=True"):
+        ORTOptions(onnx_dir="/tmp/x")
+    with pytest.raises(ValueError, match="enable_custom_autograd=True"):
+        ORTOptions(mem_efficient_grad_mgmt=True, enable_custom_autograd=False)
+
+
+def test_switches_map_to_ort_variables():
+    env = environment_for(ORTOptions(enable_embedding_sparsity=False, memory_opt_level=2, fallback="disable"))
+    assert env["ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER"] == "0"
+    assert env["ORTMODULE_MEMORY_OPT_LEVEL"] == "2"
+    assert env["ORTMODULE_FALLBACK_POLICY"] == "FALLBACK_DISABLE"
+    assert "ORTMODULE_FALLBACK_POLICY" not in environment_for(ORTOptions())
+
+
+def test_scoped_environ_restores_on_error(monkeypatch):
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "7")
+    monkeypatch.delenv("ORTMODULE_USE_TRITON", raising=False)
+    with pytest.raises(RuntimeError):
+        with scoped_environ({"ORTMODULE_MEMORY_OPT_LEVEL": "1", "ORTMODULE_USE_TRITON": "1"}):
+            assert os.environ["ORTMODULE_MEMORY_OPT_LEVEL"] == "1"
+            raise RuntimeError("boom")
+    assert os.environ["ORTMODULE_MEMORY_OPT_LEVEL"] == "7"
+    assert "ORTMODULE_USE_TRITON" not in os.environ
+
+
+def test_wrap_model_leaves_environ_unchanged():
+    before = dict(os.environ)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    opts = ORTOptions(
+        fallback="disable", log_level="ERROR", memory_opt_plans=["BiasGelu+:1:-1"], enable_embedding_sparsity=False
+    )
+    wrapped = wrap_model(model, opts)
+    wrapped(torch.randn(2, 4)).sum().backward()
+    assert wrapped.engine_status().backend == "ort"
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {"enable_embedding_sparsity": False},  # crashed ORT's export as shipped
+        {"enable_compute_optimizer": False},  # likewise
+    ],
+)
+def test_switches_that_crashed_ort_now_train(switches):
+    from tiny_models import FAMILIES, build, make_batch
+
+    fam = FAMILIES["bert-mlm"]
+    wrapped = wrap_model(build(fam), ORTOptions(fallback="disable", log_level="ERROR", **switches))
+    wrapped.train()
+    wrapped(**make_batch("mlm", torch.Generator().manual_seed(0))).loss.backward()
+    assert wrapped.engine_status().backend == "ort"

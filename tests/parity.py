@@ -1,0 +1,49 @@
+"""Train the same model in PyTorch and through ORT from the same seed and compare."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from ort_hf.engine import ORTOptions, wrap_model
+
+STRICT = ORTOptions(fallback="disable", log_level="ERROR")
+
+
+def run_parity(model: torch.nn.Module, batches: list[dict], options: ORTOptions = STRICT, lr: float = 1e-3):
+    """Return (torch losses, ort losses, step-1 grads torch, step-1 grads ort, wrapped)."""
+    reference = copy.deepcopy(model)
+    wrapped = wrap_model(model, options)
+    wrapped.train()
+    results = []
+    for net, params_of in ((reference, reference), (wrapped, model)):
+        opt = torch.optim.AdamW(params_of.parameters(), lr=lr)
+        losses, first_grads = [], None
+        for step, batch in enumerate(batches):
+            loss = net(**batch).loss
+            loss.backward()
+            if step == 0:
+                first_grads = {n: (None if p.grad is None else p.grad.clone()) for n, p in params_of.named_parameters()}
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        results.append((losses, first_grads))
+    (ref_losses, ref_grads), (ort_losses, ort_grads) = results
+    return ref_losses, ort_losses, ref_grads, ort_grads, wrapped
+
+
+def assert_parity(ref_losses, ort_losses, ref_grads, ort_grads, wrapped, loss_atol=1e-4):
+    status = wrapped.engine_status()
+    assert status.backend == "ort", f"ORT did not execute: {status}"
+    assert all(math.isfinite(x) for x in ort_losses)
+    diffs = [abs(a - b) for a, b in zip(ref_losses, ort_losses)]
+    assert max(diffs) <= loss_atol, f"loss diverged: max diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}"
+    for name, ref in ref_grads.items():
+        got = ort_grads[name]
+        if ref is None:
+            assert got is None or not got.any(), f"{name}: ORT produced a gradient PyTorch did not"
+            continue
+        assert got is not None, f"{name}: no gradient from ORT"
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")

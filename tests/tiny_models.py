@@ -1,0 +1,105 @@
+"""Tiny transformers configs built in code, one per supported family, and batches for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers as tf
+
+VOCAB = 100
+SEQ = 16
+BATCH = 4
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_cls: type
+    make_config: Callable[[float, str], object]  # (dropout, attn_implementation) -> config
+    task: str  # "cls", "mlm" or "clm"
+    sdpa: bool = True
+
+
+def _bert(cfg_cls):
+    def make(dropout: float, attn: str):
+        return cfg_cls(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+            num_labels=2, pad_token_id=0, attn_implementation=attn,
+        )
+    return make
+
+
+def _distilbert(dropout: float, attn: str):
+    return tf.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
+        dropout=dropout, attention_dropout=dropout, seq_classif_dropout=dropout, num_labels=2, pad_token_id=0,
+        attn_implementation=attn,
+    )
+
+
+def _deberta(dropout: float, attn: str):
+    return tf.DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], num_labels=2, pad_token_id=0,
+        attn_implementation=attn,
+    )
+
+
+def _gpt2(dropout: float, attn: str):
+    return tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=dropout, embd_pdrop=dropout,
+        attn_pdrop=dropout, pad_token_id=0, attn_implementation=attn,
+    )
+
+
+def _llama(dropout: float, attn: str):
+    return tf.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attention_dropout=dropout, pad_token_id=0,
+        attn_implementation=attn,
+    )
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("bert-cls", tf.BertForSequenceClassification, _bert(tf.BertConfig), "cls"),
+        Family("bert-mlm", tf.BertForMaskedLM, _bert(tf.BertConfig), "mlm"),
+        Family("roberta-mlm", tf.RobertaForMaskedLM, _bert(tf.RobertaConfig), "mlm"),
+        Family("distilbert-cls", tf.DistilBertForSequenceClassification, _distilbert, "cls"),
+        Family("deberta-v2-cls", tf.DebertaV2ForSequenceClassification, _deberta, "cls", sdpa=False),
+        Family("gpt2-clm", tf.GPT2LMHeadModel, _gpt2, "clm"),
+        Family("llama-clm", tf.LlamaForCausalLM, _llama, "clm"),
+    )
+}
+
+
+def build(family: Family, seed: int = 0, dropout: float = 0.0, attn: str = "eager"):
+    torch.manual_seed(seed)
+    model = family.model_cls(family.make_config(dropout, attn))
+    model.train()
+    return model
+
+
+def make_batch(task: str, generator: torch.Generator, padded: bool = True) -> dict[str, torch.Tensor]:
+    """Random tokens (ids >= 3 so none is the pad id), right padding on some rows, labels for the task."""
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=generator)
+    mask = torch.ones_like(ids)
+    if padded:
+        for row, length in enumerate((SEQ, SEQ - 3, SEQ - 7, SEQ)):
+            mask[row, length:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if task == "cls":
+        batch["labels"] = torch.randint(0, 2, (BATCH,), generator=generator)
+    elif task == "mlm":
+        chosen = (torch.rand(ids.shape, generator=generator) < 0.3) & (mask == 1)
+        chosen[:, 1] = True  # at least one label per row
+        batch["labels"] = ids.masked_fill(~chosen, -100)
+    else:
+        batch["labels"] = ids.masked_fill(mask == 0, -100)
+    return batch
