@@ -9,6 +9,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "ORTOptions": "ort_hf.engine",
     "wrap_model": "ort_hf.engine",
+    "ORTTrainer": "ort_hf.trainer",
+    "ORTTrainingArguments": "ort_hf.trainer",
+    "ModuleWithLoss": "ort_hf.module_with_loss",
 }
 
 

@@ -123,8 +123,11 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
     return sorted(dest.glob("*.cc"))
 
 
+_CFLAGS = ["-O3", "-std=c++17"]  # as ORT's own setup.py builds them
+
+
 def _digest(paths: list[Path]) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(" ".join(_CFLAGS).encode())
     for p in paths:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -132,7 +135,11 @@ def _digest(paths: list[Path]) -> str:
 
 
 def build_extension(name: str, verbose: bool = False):
-    """Build (or reuse) one extension and return the loaded Python module."""
+    """Build (or reuse) one extension and return the loaded Python module.
+
+    The build folder is named after a digest of the (ported) sources and flags, so a changed
+    port or ORT source is rebuilt, and a finished build is reused across processes.
+    """
     import filelock
     from torch.utils import cpp_extension
 
@@ -140,22 +147,19 @@ def build_extension(name: str, verbose: bool = False):
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(base / f"{name}.lock")):
-        built = sorted(workdir.glob(f"build*/{name}*.so"))
-        marker = workdir / "BUILT"
-        if marker.exists():
-            so = Path(marker.read_text().strip())
-            if so.exists():
-                return _load_so(name, so)
-        _check_toolchain()
         sources = _prepare_sources(name, workdir)
         build_dir = workdir / f"build-{_digest(sources)}"
+        built = build_dir / f"{name}.so"
+        if built.exists():
+            return _load_so(name, built)
+        _check_toolchain()
         build_dir.mkdir(exist_ok=True)
         print(f"ort_hf: building ORTModule extension {name} (once per torch/ORT version, 1-3 min)...", file=sys.stderr)
         try:
             cpp_extension.load(
                 name=name,
                 sources=[str(s) for s in sources],
-                extra_cflags=["-O3", "-std=c++17"],
+                extra_cflags=_CFLAGS,
                 extra_include_paths=[str(workdir / "src")],
                 build_directory=str(build_dir),
                 verbose=verbose,
@@ -167,11 +171,9 @@ def build_extension(name: str, verbose: bool = False):
                 f"Building ORTModule's {name} extension failed against torch {torch.__version__}: {exc}\n"
                 f"Build files: {build_dir}. Run `ort-hf doctor` for the toolchain check."
             ) from exc
-        built = sorted(build_dir.glob(f"{name}*.so"))
-        if not built:
-            raise ExtensionBuildError(f"Building {name} produced no shared library in {build_dir}.")
-        marker.write_text(str(built[0]))
-        return _load_so(name, built[0])
+        if not built.exists():
+            raise ExtensionBuildError(f"Building {name} produced no shared library at {built}.")
+        return _load_so(name, built)
 
 
 def _load_so(name: str, so: Path):

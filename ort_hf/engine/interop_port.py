@@ -21,6 +21,12 @@ What moved in torch (checked against the torch 2.13 headers and libtorch_python.
   the THPFunction for a PyNode, which ``THPFunction_Check`` recognises.
 * ``torch::utils::tensor_fromDLPack`` is declared in tensor_new.h but not exported any more;
   a local equivalent built on ``at::fromDLPack`` (exported from libtorch_cpu) replaces it.
+
+One fix beyond torch's moves, in the code we replace anyway: ORT detected ``ctx.mark_dirty``
+inputs by reading ``THPFunction::dirty_tensors``, which torch clears inside ``apply()``
+(``_mark_dirty``), so the detection always said "not dirty" and an in-place Function failed
+from its second step ("a leaf Variable that requires grad has been used in an in-place
+operation"). A dirty input's history is rebased onto the Function's node; we compare that.
 """
 
 from __future__ import annotations
@@ -87,15 +93,35 @@ REPLACEMENTS: tuple[Replacement, ...] = (
   auto py_node_fn = dynamic_cast<torch::autograd::PyNode*>(grad_fn.get());
   TORCH_CHECK(py_node_fn != nullptr, "grad_fn is not PyNode type.");
   THPFunction* py_fn = (THPFunction*)py_node_fn->obj;
+  std::vector<bool> are_tensors_marked_dirty(tensors_to_check.size(), false);
+  if (!py_fn->dirty_tensors)
+    return are_tensors_marked_dirty;
+
+  Py_ssize_t num_dirty = PyTuple_GET_SIZE(py_fn->dirty_tensors);
+  for (const auto j : c10::irange(tensors_to_check.size())) {
+    bool is_tensor_marked_dirty = false;
+    for (const auto i : c10::irange(num_dirty)) {
+      PyObject* obj = PyTuple_GET_ITEM(py_fn->dirty_tensors, i);
+      const auto& tensor = THPVariable_Unpack(obj);
+      if (tensor.is_same(tensors_to_check[j])) {
+        is_tensor_marked_dirty = true;
+        break;
+      }
+    }
+
+    are_tensors_marked_dirty[j] = is_tensor_marked_dirty;
+  }
 """,
         """  const auto& grad_fn = autograd_meta->grad_fn_;
-  // ort_hf port: no dynamic_cast<PyNode*> (PyNode's type info is not exported) and no
-  // PyNode::obj; functionToPyObject returns a new reference to the node's THPFunction.
-  py::object py_fn_obj = py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(grad_fn));
-  TORCH_CHECK(py_fn_obj && THPFunction_Check(py_fn_obj.ptr()), "grad_fn is not PyNode type.");
-  THPFunction* py_fn = (THPFunction*)py_fn_obj.ptr();
+  // ort_hf port: PyNode's type info is not exported (no dynamic_cast) and PyNode::obj is gone.
+  // Reading THPFunction::dirty_tensors never worked either: torch's _mark_dirty() clears it
+  // during apply(). An input marked dirty has its history rebased onto this node, so compare.
+  std::vector<bool> are_tensors_marked_dirty(tensors_to_check.size(), false);
+  for (const auto j : c10::irange(tensors_to_check.size())) {
+    are_tensors_marked_dirty[j] = tensors_to_check[j].grad_fn().get() == grad_fn.get();
+  }
 """,
-        "mark_dirty detection: reach the THPFunction without dynamic_cast / PyNode::obj",
+        "mark_dirty detection without PyNode; dirty_tensors is always cleared by torch",
     ),
     Replacement(
         "custom_function_fw.cc",

@@ -36,9 +36,22 @@ class EngineStatus:
     pythonop: bool
 
 
+_NO_GRADIENT_RE = re.compile(r"gradient builder has not been registered: (\w+) for node (\S+)")
+_ERROR_LINE_RE = re.compile(r"^\s*((?:\w+\.)*\w+(?:Error|Exception): .+)$", re.M)
+_CPP_CHECK_RE = re.compile(r"^/onnxruntime_src/\S+ .*? was false\. ", re.S)
+
+
 def describe_failure(exc: BaseException) -> str:
     """One line naming what ORT could not handle, with the unsupported op when there is one."""
     text = str(exc)
+    no_grad = _NO_GRADIENT_RE.search(text)
+    if no_grad:
+        return f"ORT has no gradient for ONNX op {no_grad.group(1)} (node {no_grad.group(2)})"
+    text = _CPP_CHECK_RE.sub("", text)  # drop ORT's C++ file and function signature
+    # ORT wraps the exporter's traceback into its message: the root cause is its last error line.
+    causes = _ERROR_LINE_RE.findall(text)
+    if causes:
+        text = causes[-1]
     ops = [op for op in _OP_RE.findall(text) if op not in ("prim::PythonOp", "prim::Constant")]
     head = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     if ops:
@@ -64,6 +77,7 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_record", compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity))
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
+        object.__setattr__(self, "_use_pytorch", False)
         forward_params = inspect.signature(module.forward).parameters
         config = getattr(module, "config", None)
         # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type).
@@ -84,7 +98,7 @@ class ORTTrainingModule(nn.Module):
         return self
 
     def forward(self, *args, **kwargs):
-        if not self.training and not self.options.eval_in_ort:
+        if self._use_pytorch or (not self.training and not self.options.eval_in_ort):
             return self.module(*args, **kwargs)
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
             args, kwargs = (), dict(args[0])  # ORTModule rejects BatchEncoding; plain dict it is
@@ -95,12 +109,18 @@ class ORTTrainingModule(nn.Module):
         try:
             output = self._ort(*args, **kwargs)
         except Exception as exc:
-            if self.options.fallback == "disable" and not isinstance(exc, ORTFallbackError):
+            if self._ran or isinstance(exc, ORTFallbackError):
+                raise  # ORT ran before: a runtime error, not something a fallback should hide
+            if self.options.fallback == "disable":
                 raise ORTFallbackError(
                     f"ORT could not run {type(self.module).__name__} and fallback is disabled: "
                     f"{describe_failure(exc)}. Set fallback='auto' to train it in PyTorch instead."
                 ) from exc
-            raise
+            # ORT's own fallback covers export failures only; a failure building the gradient
+            # graph or the session arrives here. Same policy: say why once, train in PyTorch.
+            self._record_fallback(describe_failure(exc))
+            object.__setattr__(self, "_use_pytorch", True)
+            return self.module(*args, **kwargs)
         finally:
             compat.ACTIVE_EXPORT_RECORD.reset(token)
         if self.training:
@@ -109,17 +129,16 @@ class ORTTrainingModule(nn.Module):
 
     def _note_backend(self) -> None:
         object.__setattr__(self, "_ran", True)
-        if self._fallback_reason is not None:
-            return
         manager = self._ort._fallback_manager
-        if manager.is_pending():
-            reason = describe_failure(manager._exception)
-            object.__setattr__(self, "_fallback_reason", reason)
-            logger.warning(
-                "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s",
-                type(self.module).__name__,
-                reason,
-            )
+        if self._fallback_reason is None and manager.is_pending():
+            self._record_fallback(describe_failure(manager._exception))
+
+    def _record_fallback(self, reason: str) -> None:
+        object.__setattr__(self, "_ran", True)
+        object.__setattr__(self, "_fallback_reason", reason)
+        logger.warning(
+            "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
+        )
 
     def training_graph(self):
         """The optimised ONNX training graph (forward + gradient) ORT built, after the first
@@ -128,6 +147,14 @@ class ORTTrainingModule(nn.Module):
         manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
         onnx_models = getattr(manager, "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
+
+    def label_sparsity_fired(self) -> bool | None:
+        """Whether ORT rewrote the loss to run on non-ignored labels only, read from the graph
+        (ShrunkenGather before the loss); ``None`` before the first training step."""
+        graph = self.training_graph()
+        if graph is None:
+            return None
+        return any(node.op_type == "ShrunkenGather" for node in graph.graph.node)
 
     def engine_status(self) -> EngineStatus:
         if not self._ran:

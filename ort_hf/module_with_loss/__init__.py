@@ -1,0 +1,3 @@
+from .module_with_loss import ModuleWithLoss
+
+__all__ = ["ModuleWithLoss"]

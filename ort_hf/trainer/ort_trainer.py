@@ -1,0 +1,182 @@
+"""ORTTrainer: transformers.Trainer that trains through ONNX Runtime's ORTModule.
+
+It overrides narrow hooks only (``_wrap_model``, ``compute_loss``, ``get_optimizer_cls_and_kwargs``,
+``log``, ``_get_train_sampler``); the training loop, checkpointing, resume, evaluation and
+callbacks are the parent's. ``self.model`` stays the plain Hugging Face model, so saved
+checkpoints are ordinary HF checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+from transformers.training_args import ParallelMode
+
+from ..engine import ORTOptions, wrap_model
+from ..engine.optim import fused_adamw_cls_and_kwargs
+from ..module_with_loss import ModuleWithLoss
+from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+# ORT 1.19.2 fires label sparsity when fewer than this share of labels are used.
+LABEL_SPARSITY_THRESHOLD = 0.9
+
+
+def _as_ort_args(args: TrainingArguments | None) -> ORTTrainingArguments:
+    if args is None:
+        return ORTTrainingArguments(output_dir="trainer_output")
+    if isinstance(args, ORTTrainingArguments):
+        return args
+    # A plain TrainingArguments keeps every value it was given, with ORT defaults added.
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    return ORTTrainingArguments(**values)
+
+
+class ORTTrainer(Trainer):
+    """Drop-in ``Trainer`` whose training steps run in an ORT session.
+
+    Evaluation and prediction run the plain model in PyTorch unless ``ort_eval_in_ort``.
+    """
+
+    def __init__(self, model=None, args=None, *pargs, **kwargs):
+        super().__init__(model, _as_ort_args(args), *pargs, **kwargs)
+        self._ort_engine_module = None  # the ORTTrainingModule of the current train() attempt
+        self._ort_train_model = None  # what _wrap_model returned (DDP outside it when distributed)
+        self._ort_eval_module = None
+        self._pending_ort_logs: dict[str, float] = {}
+        self._label_sparsity_checked = False
+        if self.args.use_ort and self.args.use_module_with_loss:
+            # ModuleWithLoss takes num_items_in_batch whatever the model's forward accepts.
+            self.model_accepts_loss_kwargs = True
+
+    # --- model wrapping -------------------------------------------------------------------
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader=None) -> nn.Module:
+        if not self.args.use_ort:
+            return super()._wrap_model(model, training, dataloader)
+        if not training:
+            if self.args.ort_eval_in_ort:
+                return self._ort_eval_model()
+            return super()._wrap_model(model, training, dataloader)
+        # Called once per training attempt by the parent loop (again only when
+        # auto_find_batch_size retries with a smaller batch, when a fresh session is wanted).
+        engine_module = wrap_model(self._training_target(), self._training_options())
+        self._ort_engine_module = engine_module
+        self._label_sparsity_checked = False
+        wrapped: nn.Module = engine_module
+        if self.args.parallel_mode == ParallelMode.DISTRIBUTED:
+            wrapped = self.accelerator.prepare_model(engine_module)  # DDP outside, ORTModule inside
+        self._ort_train_model = wrapped
+        return wrapped
+
+    def _training_target(self) -> nn.Module:
+        if not self.args.use_module_with_loss:
+            return self.model
+        return ModuleWithLoss(
+            self.model,
+            label_smoothing=self.args.label_smoothing_factor,
+            shift_labels=self._loss_shifts_labels,
+            compute_loss_func=self.compute_loss_func,
+        )
+
+    def _training_options(self) -> ORTOptions:
+        options = self.args.ort_options()
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            # Checkpoint functions cannot be exported; ORT's layer-wise recompute does the job.
+            logger.warning("ort_hf: gradient checkpointing on the model is replaced by ORT layer-wise recompute.")
+            self.model.gradient_checkpointing_disable()
+            if options.memory_opt_level == 0 and not options.memory_opt_plans:
+                options = dataclasses.replace(options, memory_opt_level=1)
+        return options
+
+    def _ort_eval_model(self) -> nn.Module:
+        if self._ort_eval_module is None or self._ort_eval_module.module is not self.model:
+            options = dataclasses.replace(self.args.ort_options(), eval_in_ort=True)
+            self._ort_eval_module = wrap_model(self.model, options)
+        return self._ort_eval_module
+
+    # --- loss ------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        in_graph = (
+            model is self._ort_train_model and model is not None and self.args.use_module_with_loss
+        ) and not return_outputs
+        if not in_graph:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs.get("labels")
+        # ModuleWithLoss already applied label smoothing / compute_loss_func inside the graph;
+        # the parent must only read outputs["loss"] and scale it across devices as usual.
+        with _hidden(self, "label_smoother", "compute_loss_func"):
+            loss = super().compute_loss(model, inputs, False, num_items_in_batch)
+        if not self._label_sparsity_checked:
+            self._report_first_step(labels)
+        return loss
+
+    def _report_first_step(self, labels: torch.Tensor | None) -> None:
+        self._label_sparsity_checked = True
+        engine = self._ort_engine_module
+        status = engine.engine_status()
+        self._pending_ort_logs.update(
+            {
+                "ort/export_s": round(status.export_seconds, 3),
+                "ort/fallback": float(status.backend == "pytorch"),
+            }
+        )
+        if labels is None or labels.dim() < 2 or status.backend != "ort":
+            return  # sequence-level labels: nothing for label sparsity to remove
+        density = float((labels != -100).float().mean())
+        fired = bool(engine.label_sparsity_fired())
+        self._pending_ort_logs.update({"ort/label_density": round(density, 4), "ort/label_sparsity": float(fired)})
+        if fired:
+            logger.warning(
+                "ort_hf: label sparsity fired: ORT computes the loss on the %.1f%% of label positions "
+                "that are not ignored (first batch).",
+                100 * density,
+            )
+        elif density < LABEL_SPARSITY_THRESHOLD:
+            logger.warning(
+                "ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
+                100 * density,
+                self._why_no_label_sparsity(status),
+            )
+        else:
+            logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below 90%%).", 100 * density)
+
+    def _why_no_label_sparsity(self, status) -> str:
+        if not self.args.ort_enable_label_sparsity:
+            return "--ort_enable_label_sparsity is off."
+        if not status.pythonop:
+            return "ORT's PythonOp extension is unavailable (see `ort-hf doctor`)."
+        return "ORT did not rewrite the loss; run with --ort_save_onnx and inspect the graph."
+
+    # --- optimizer -------------------------------------------------------------------------
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model=None):
+        if args.optim != ADAMW_ORT_FUSED:
+            return Trainer.get_optimizer_cls_and_kwargs(args, model)
+        return fused_adamw_cls_and_kwargs(
+            args.device.type, args.learning_rate, (args.adam_beta1, args.adam_beta2), args.adam_epsilon
+        )
+
+    # --- logging ---------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self._pending_ort_logs and "loss" in logs:
+            logs.update(self._pending_ort_logs)
+            self._pending_ort_logs = {}
+        super().log(logs, start_time)
+
+
+@contextlib.contextmanager
+def _hidden(obj, *names):
+    saved = {name: getattr(obj, name) for name in names}
+    try:
+        for name in names:
+            setattr(obj, name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)

@@ -1,0 +1,120 @@
+"""ORTTrainingArguments: TrainingArguments plus typed ORT options, usable from HfArgumentParser."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, fields
+
+from transformers import TrainingArguments
+
+from ..engine.options import ORTOptions
+
+logger = logging.getLogger(__name__)
+
+ADAMW_ORT_FUSED = "adamw_ort_fused"
+
+
+@dataclass
+class ORTTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` for :class:`ORTTrainer`.
+
+    Every ``ORTOptions`` field is available as ``--ort_<field>``; ``use_ort false`` trains the
+    same script in plain PyTorch for A/B runs; ``--optim adamw_ort_fused`` picks ORT's fused
+    AdamW on CUDA (torch's fused AdamW, same math, on CPU).
+    """
+
+    # --- engine selection ---
+    use_ort: bool = field(
+        default=True, metadata={"help": "Train through ONNX Runtime (ORTModule). False = plain PyTorch, for A/B runs."}
+    )
+    use_module_with_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Compute the loss inside the ORT graph through an nn.CrossEntropyLoss module so ORT's "
+            "label-sparsity optimisation can fire (ModuleWithLoss)."
+        },
+    )
+    ort_load_balancing_sampler: bool = field(
+        default=False,
+        metadata={
+            "help": "Use ORT's LoadBalancingDistributedBatchSampler for the train dataloader: batches of "
+            "similar total sequence length per rank (complexity = number of non-padding tokens)."
+        },
+    )
+
+    # --- ORTOptions, one flag each (ort_<field>) ---
+    ort_log_level: str = field(default="WARNING", metadata={"help": "ORTModule log level: VERBOSE .. FATAL."})
+    ort_fallback: str = field(
+        default="auto",
+        metadata={"help": "'auto': fall back to PyTorch (reason logged) when ORT cannot run; 'disable': raise."},
+    )
+    ort_opset_version: int = field(default=17, metadata={"help": "ONNX opset for export (14-20)."})
+    ort_save_onnx: bool = field(default=False, metadata={"help": "Write the exported ONNX graphs."})
+    ort_onnx_dir: str | None = field(default=None, metadata={"help": "Folder for --ort_save_onnx graphs."})
+    ort_enable_compute_optimizer: bool = field(default=True, metadata={"help": "ORT's FLOP-reduction graph passes."})
+    ort_enable_label_sparsity: bool = field(
+        default=True, metadata={"help": "Compute the loss only on non-ignored labels (with ModuleWithLoss)."}
+    )
+    ort_enable_embedding_sparsity: bool = field(
+        default=True, metadata={"help": "ORT's padding elimination from embedding inputs (CUDA only in ORT 1.19)."}
+    )
+    ort_memory_opt_level: int = field(
+        default=0, metadata={"help": "Recompute: 0 off, 1 transformer layer-wise, 2 layer-wise plus compromised plans."}
+    )
+    ort_memory_opt_plans: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Recompute plans as ORT prints them, 'cluster:strategy:count' (e.g. BiasGelu+:1:-1)."},
+    )
+    ort_export_cache_dir: str | None = field(
+        default=None, metadata={"help": "Cache exported ONNX graphs here between runs."}
+    )
+    ort_deepcopy_before_export: bool = field(
+        default=True, metadata={"help": "Export from a copy of the model so export never touches the weights."}
+    )
+    ort_enable_custom_autograd: bool = field(
+        default=True, metadata={"help": "Run torch.autograd.Function as ORT PythonOp (needed by label sparsity)."}
+    )
+    ort_mem_efficient_grad_mgmt: bool = field(
+        default=False, metadata={"help": "Hand each gradient to PyTorch as soon as ORT computes it."}
+    )
+    ort_use_triton: bool = field(default=False, metadata={"help": "CUDA only: run some ops through Triton."})
+    ort_use_efficient_attention: bool = field(default=False, metadata={"help": "CUDA only: ORT's fused attention."})
+    ort_eval_in_ort: bool = field(
+        default=False, metadata={"help": "Evaluate/predict through ORT's inference mode instead of PyTorch."}
+    )
+
+    def __post_init__(self):
+        # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no
+        # entry for ORT's optimizer: validate the rest with a stand-in, then put ours back.
+        wants_ort_fused = self.optim == ADAMW_ORT_FUSED
+        if wants_ort_fused:
+            self.optim = "adamw_torch"
+        if self.use_ort and (self.gradient_checkpointing or self.activation_checkpointing):
+            # ORT cannot export torch.utils.checkpoint functions; its layer-wise recompute
+            # (memory optimizer level 1) is the equivalent. The two never run together.
+            logger.warning(
+                "ort_hf: gradient checkpointing is done by ORT's layer-wise recompute "
+                "(--ort_memory_opt_level 1) when training through ORT."
+            )
+            self.gradient_checkpointing = self.activation_checkpointing = False
+            if self.ort_memory_opt_level == 0 and not self.ort_memory_opt_plans:
+                self.ort_memory_opt_level = 1
+        super().__post_init__()
+        if wants_ort_fused:
+            self.optim = ADAMW_ORT_FUSED
+            if self.bf16:
+                raise ValueError(
+                    "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
+                    "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
+                )
+        try:
+            self._ort_options = self.ort_options()
+        except ValueError as exc:
+            # Name the command-line flag, not the internal dataclass field.
+            raise ValueError(str(exc).replace("ORTOptions.", "--ort_")) from None
+
+    def ort_options(self) -> ORTOptions:
+        """The ``ORTOptions`` these arguments describe."""
+        values = {f.name: getattr(self, f"ort_{f.name}") for f in fields(ORTOptions)}
+        values["memory_opt_plans"] = tuple(values["memory_opt_plans"] or ())
+        return ORTOptions(**values)
