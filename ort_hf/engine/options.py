@@ -112,8 +112,8 @@ class ORTOptions:
                 )
         if self.memory_opt_plans and self.memory_opt_level:
             raise ValueError(
-                "ORTOptions: set either memory_opt_level (1 or 2) or memory_opt_plans, not both: "
-                "a level turns on every plan of that level."
+                "ORTOptions.memory_opt_level and ORTOptions.memory_opt_plans: set either a level (1 or 2) "
+                "or plans, not both: a level turns on every plan of that level."
             )
         if self.onnx_dir is not None and not self.save_onnx:
             raise ValueError("ORTOptions.onnx_dir is set but save_onnx is False: set save_onnx=True to write graphs.")

@@ -23,6 +23,17 @@ class ORTTrainingArguments(TrainingArguments):
     AdamW on CUDA (torch's fused AdamW, same math, on CPU).
     """
 
+    # Redeclared as a plain string: the parent's OptimizerNames enum has no entry for ORT's
+    # optimizer, and HfArgumentParser would reject it as a choice. Validation stays the
+    # parent's (plus ours for adamw_ort_fused) in __post_init__. Default unchanged.
+    optim: str = field(
+        default=TrainingArguments.__dataclass_fields__["optim"].default,
+        metadata={
+            "help": "The optimizer: any of transformers' OptimizerNames, or 'adamw_ort_fused' "
+            "(ORT FusedAdam on CUDA; torch fused AdamW, same math, on CPU)."
+        },
+    )
+
     # --- engine selection ---
     use_ort: bool = field(
         default=True, metadata={"help": "Train through ONNX Runtime (ORTModule). False = plain PyTorch, for A/B runs."}

@@ -1,0 +1,105 @@
+"""Train a tiny BERT with ORTTrainer, under ``torchrun --nproc_per_node N`` (DDP, gloo, CPU) or alone.
+
+    torchrun --nproc_per_node 2 tests/trainer/ddp_train.py OUT.json --batch 4
+    python tests/trainer/ddp_train.py OUT.json --batch 8
+
+Both runs see the same global batches: the train sampler is sequential
+(``train_sampling_strategy="sequential"``) and accelerate hands rank r the r-th slice of
+``batch * world_size`` consecutive samples, so step k covers samples 8k..8k+7 either way.
+Rank 0 writes OUT.json (logged losses, each rank's engine backend, world size) and the final
+parameters to OUT.safetensors. The logged loss is already the mean over ranks (the Trainer
+all-gathers it), i.e. the mean over the global batch, comparable with the single-process run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import BertConfig, BertForSequenceClassification
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402
+
+ROWS, SEQ, STEPS = 160, 16, 10
+
+
+def synthetic_dataset() -> Dataset:
+    gen = torch.Generator().manual_seed(1234)
+    input_ids = torch.randint(3, 100, (ROWS, SEQ), generator=gen)
+    labels = torch.randint(0, 2, (ROWS,), generator=gen)
+    return Dataset.from_dict(
+        {
+            "input_ids": input_ids.tolist(),
+            "attention_mask": torch.ones_like(input_ids).tolist(),
+            "labels": labels.tolist(),
+        }
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path, help="JSON result path (rank 0); parameters go to <out>.safetensors")
+    parser.add_argument("--batch", type=int, required=True, help="per-device train batch size")
+    cli = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0, attention_probs_dropout_prob=0, num_labels=2,
+        )
+    )
+    # accelerate treats any ddp_backend as "initialise torch.distributed": only under torchrun.
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = ORTTrainingArguments(
+            output_dir=output_dir, ort_fallback="disable", ort_log_level="ERROR", max_steps=STEPS, logging_steps=1,
+            learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
+            per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
+            # Same sample order for 1 x 8 and 2 x 4: no shuffling (see the module docstring).
+            train_sampling_strategy="sequential",
+        )
+        trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset())
+        trainer.train()
+
+    world = args.world_size
+    distributed = world > 1
+    assert distributed == (args.parallel_mode.value == "distributed"), args.parallel_mode
+    if distributed:
+        # DDP outside, the ORT engine module inside.
+        assert isinstance(trainer._ort_train_model, torch.nn.parallel.DistributedDataParallel), type(
+            trainer._ort_train_model
+        )
+        assert trainer._ort_train_model.module is trainer._ort_engine_module
+    backend = trainer._ort_engine_module.engine_status().backend
+    assert backend == "ort", f"rank {args.process_index}: backend {backend!r}"
+
+    backends = [backend]
+    if distributed:
+        backends = [None] * world
+        dist.all_gather_object(backends, backend)
+
+    if args.process_index == 0:
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        assert len(losses) == STEPS, trainer.state.log_history
+        params = {n: p.detach().contiguous().clone() for n, p in trainer.model.named_parameters()}
+        save_file(params, str(cli.out.with_suffix(".safetensors")))
+        cli.out.write_text(json.dumps({"losses": losses, "backends": backends, "world_size": world}))
+    if distributed:
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

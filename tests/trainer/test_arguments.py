@@ -1,0 +1,67 @@
+"""ORTTrainingArguments: flags from the command line, validation naming the flag, ORTOptions mirror."""
+
+import dataclasses
+
+import pytest
+from transformers import HfArgumentParser
+
+from ort_hf.engine import ORTOptions
+from ort_hf.trainer import ADAMW_ORT_FUSED, ORTTrainingArguments
+
+
+def _parse(*argv):
+    (args,) = HfArgumentParser(ORTTrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", "/tmp/ort_hf_args", "--report_to", "none", *argv]
+    )
+    return args
+
+
+def test_every_ort_option_has_a_flag():
+    arg_fields = {f.name for f in dataclasses.fields(ORTTrainingArguments)}
+    for f in dataclasses.fields(ORTOptions):
+        assert f"ort_{f.name}" in arg_fields
+        meta = next(a for a in dataclasses.fields(ORTTrainingArguments) if a.name == f"ort_{f.name}").metadata
+        assert meta.get("help"), f"--ort_{f.name} has no help text"
+
+
+def test_command_line_flags_reach_ort_options():
+    with pytest.raises(ValueError, match="--ort_memory_opt_level and --ort_memory_opt_plans"):
+        _parse("--ort_memory_opt_level", "1", "--ort_memory_opt_plans", "BiasGelu+:1:-1")
+    args = _parse("--ort_memory_opt_level", "2", "--ort_enable_label_sparsity", "false", "--optim", ADAMW_ORT_FUSED)
+    options = args.ort_options()
+    assert options.memory_opt_level == 2 and options.enable_label_sparsity is False
+    assert args.optim == ADAMW_ORT_FUSED and args.use_ort is True and args.use_module_with_loss is True
+
+
+def test_plans_parse_as_a_list():
+    args = _parse("--ort_memory_opt_plans", "BiasGelu+:1:-1", "Gelu+:1:-1")
+    assert args.ort_options().memory_opt_plans == ("BiasGelu+:1:-1", "Gelu+:1:-1")
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--ort_memory_opt_level", "5"], "--ort_memory_opt_level"),
+        (["--ort_opset_version", "11"], "--ort_opset_version"),
+        (["--ort_fallback", "maybe"], "--ort_fallback"),
+        (["--ort_log_level", "CHATTY"], "--ort_log_level"),
+        (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
+        (["--ort_onnx_dir", "/tmp/x"], "--ort_onnx_dir"),
+    ],
+)
+def test_bad_values_name_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        _parse(*argv)
+
+
+def test_fused_optimizer_with_bf16_says_what_to_change():
+    with pytest.raises(ValueError, match="adamw_torch_fused"):
+        ORTTrainingArguments(output_dir="/tmp/x", optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[])
+
+
+def test_gradient_checkpointing_becomes_layerwise_recompute():
+    args = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, report_to=[])
+    assert not args.gradient_checkpointing and not args.activation_checkpointing
+    assert args.ort_options().memory_opt_level == 1
+    plain = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, use_ort=False, report_to=[])
+    assert plain.activation_checkpointing  # PyTorch runs keep torch checkpointing

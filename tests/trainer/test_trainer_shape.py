@@ -1,0 +1,26 @@
+"""ORTTrainer stays a narrow subclass: small, and no copy of a Trainer loop method."""
+
+import inspect
+
+from transformers import Trainer
+
+from ort_hf.trainer import ort_trainer
+from ort_hf.trainer.ort_trainer import ORTTrainer
+
+LOOP_METHODS = [
+    "_inner_training_loop", "_run_epoch", "training_step", "evaluation_loop", "prediction_step",
+    "_prepare_for_training", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_from_checkpoint", "train",
+]
+
+
+def test_module_is_under_400_lines():
+    assert len(inspect.getsource(ort_trainer).splitlines()) < 400
+
+
+def test_no_loop_method_is_overridden():
+    overridden = [m for m in LOOP_METHODS if m in ORTTrainer.__dict__]
+    assert not overridden, f"ORTTrainer overrides loop methods {overridden}"
+    for name, member in ORTTrainer.__dict__.items():
+        if callable(member) and hasattr(Trainer, name):
+            ours = len(inspect.getsource(member).splitlines())
+            assert ours < 60, f"{name} is {ours} lines: a narrow hook should be short"
