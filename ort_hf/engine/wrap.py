@@ -23,10 +23,10 @@ _OP_RE = re.compile(r"(aten::\w+|prim::\w+|onnx::\w+)")
 
 @dataclass(frozen=True)
 class EngineStatus:
-    """What ran the last training forward of a wrapped model.
+    """What ran the forwards of a wrapped model that went to ORT.
 
     ``backend`` is ``"ort"`` once an ORT session executed, ``"pytorch"`` after a fallback
-    (``fallback_reason`` says why) and ``"not_run"`` before the first training forward.
+    (``fallback_reason`` says why) and ``"not_run"`` before the first such forward.
     """
 
     backend: str
@@ -123,8 +123,7 @@ class ORTTrainingModule(nn.Module):
             return self.module(*args, **kwargs)
         finally:
             compat.ACTIVE_EXPORT_RECORD.reset(token)
-        if self.training:
-            self._note_backend()
+        self._note_backend()
         return output
 
     def _note_backend(self) -> None:
@@ -139,6 +138,16 @@ class ORTTrainingModule(nn.Module):
         logger.warning(
             "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
         )
+
+    def reseed(self, seed: int) -> None:
+        """Seed ORT's own random generator (dropout masks inside the ORT graph).
+
+        ORT's generator is not part of torch's RNG state, so the Trainer's checkpoints cannot
+        restore it; seeding it from (seed, step) makes masks a function of the step, so a
+        resumed run draws the same masks as an uninterrupted one."""
+        import onnxruntime
+
+        onnxruntime.set_seed(seed % (2**63))
 
     def training_graph(self):
         """The optimised ONNX training graph (forward + gradient) ORT built, after the first

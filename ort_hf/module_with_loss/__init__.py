@@ -1,3 +1,3 @@
-from .module_with_loss import ModuleWithLoss
+from .module_with_loss import ModuleWithLoss, missing_labels_error
 
-__all__ = ["ModuleWithLoss"]
+__all__ = ["ModuleWithLoss", "missing_labels_error"]

@@ -50,11 +50,7 @@ class ModuleWithLoss(nn.Module):
 
     def forward(self, labels: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None, **inputs):
         if labels is None:
-            raise ValueError(
-                "ModuleWithLoss needs `labels` in every training batch, and this batch has none "
-                f"(keys: {', '.join(sorted(inputs))}). Add labels to the dataset / collator, set "
-                "label_names if they are called differently, or set use_module_with_loss=False."
-            )
+            raise missing_labels_error(inputs)
         if self.compute_loss_func is not None:
             outputs = self.model(**inputs)
             return {"loss": self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)}
@@ -94,6 +90,14 @@ class ModuleWithLoss(nn.Module):
                 return False
             config.problem_type = "single_label_classification"  # as the model's own loss would set it
         return True
+
+
+def missing_labels_error(batch) -> ValueError:
+    return ValueError(
+        "ModuleWithLoss needs `labels` in every training batch, and this batch has none "
+        f"(keys: {', '.join(sorted(batch))}). Add labels to the dataset / collator, set "
+        "label_names if they are called differently, or set use_module_with_loss=False."
+    )
 
 
 def _is_causal_lm(model: nn.Module) -> bool:

@@ -19,7 +19,7 @@ from transformers.training_args import ParallelMode
 
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
-from ..module_with_loss import ModuleWithLoss
+from ..module_with_loss import ModuleWithLoss, missing_labels_error
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class ORTTrainer(Trainer):
         self._ort_eval_module = None
         self._pending_ort_logs: dict[str, float] = {}
         self._label_sparsity_checked = False
+        self._seeded_step, self._micro_step = -1, 0
         if self.args.use_ort and self.args.use_module_with_loss:
             # ModuleWithLoss takes num_items_in_batch whatever the model's forward accepts.
             self.model_accepts_loss_kwargs = True
@@ -86,10 +87,10 @@ class ORTTrainer(Trainer):
 
     def _training_options(self) -> ORTOptions:
         options = self.args.ort_options()
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        if getattr(self.model, "is_activation_checkpointing", False):
             # Checkpoint functions cannot be exported; ORT's layer-wise recompute does the job.
             logger.warning("ort_hf: gradient checkpointing on the model is replaced by ORT layer-wise recompute.")
-            self.model.gradient_checkpointing_disable()
+            self.model.activation_checkpointing_disable()
             if options.memory_opt_level == 0 and not options.memory_opt_plans:
                 options = dataclasses.replace(options, memory_opt_level=1)
         return options
@@ -108,6 +109,9 @@ class ORTTrainer(Trainer):
         if not in_graph:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs.get("labels")
+        if labels is None:
+            raise missing_labels_error(inputs)  # before ORT traces a graph without a loss
+        self._reseed_ort()
         # ModuleWithLoss already applied label smoothing / compute_loss_func inside the graph;
         # the parent must only read outputs["loss"] and scale it across devices as usual.
         with _hidden(self, "label_smoother", "compute_loss_func"):
@@ -115,6 +119,14 @@ class ORTTrainer(Trainer):
         if not self._label_sparsity_checked:
             self._report_first_step(labels)
         return loss
+
+    def _reseed_ort(self) -> None:
+        # One seed per micro-step from (seed, global step, micro-step): dropout masks in the ORT
+        # graph then survive a resume, which restores torch's RNG but cannot restore ORT's.
+        step = self.state.global_step
+        self._micro_step = self._micro_step + 1 if step == self._seeded_step else 0
+        self._seeded_step = step
+        self._ort_engine_module.reseed(self.args.seed * 1_000_003 + step * 1_009 + self._micro_step)
 
     def _report_first_step(self, labels: torch.Tensor | None) -> None:
         self._label_sparsity_checked = True

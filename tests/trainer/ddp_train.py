@@ -3,9 +3,12 @@
     torchrun --nproc_per_node 2 tests/trainer/ddp_train.py OUT.json --batch 4
     python tests/trainer/ddp_train.py OUT.json --batch 8
 
-Both runs see the same global batches: the train sampler is sequential
-(``train_sampling_strategy="sequential"``) and accelerate hands rank r the r-th slice of
-``batch * world_size`` consecutive samples, so step k covers samples 8k..8k+7 either way.
+Both runs see the same global batches with the Trainer's default (random) sampler:
+accelerate swaps RandomSampler for its SeedableRandomSampler seeded from ``seed`` (same
+permutation on every rank and in the single process), and under DDP its BatchSamplerShard
+hands rank r batch 2k+r of that permutation cut into per-device batches, so step k covers
+permutation positions 8k..8k+7 either way. (``train_sampling_strategy="sequential"`` would
+make the same point without relying on accelerate's sampler; the default is what users run.)
 Rank 0 writes OUT.json (logged losses, each rank's engine backend, world size) and the final
 parameters to OUT.safetensors. The logged loss is already the mean over ranks (the Trainer
 all-gathers it), i.e. the mean over the global batch, comparable with the single-process run.
@@ -63,13 +66,12 @@ def main() -> None:
     )
     # accelerate treats any ddp_backend as "initialise torch.distributed": only under torchrun.
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
     with tempfile.TemporaryDirectory() as output_dir:
         args = ORTTrainingArguments(
             output_dir=output_dir, ort_fallback="disable", ort_log_level="ERROR", max_steps=STEPS, logging_steps=1,
             learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
             per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
-            # Same sample order for 1 x 8 and 2 x 4: no shuffling (see the module docstring).
-            train_sampling_strategy="sequential",
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset())
         trainer.train()
@@ -95,8 +97,10 @@ def main() -> None:
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         assert len(losses) == STEPS, trainer.state.log_history
         params = {n: p.detach().contiguous().clone() for n, p in trainer.model.named_parameters()}
+        changed = sum(not torch.equal(init[n], p) for n, p in params.items())
         save_file(params, str(cli.out.with_suffix(".safetensors")))
-        cli.out.write_text(json.dumps({"losses": losses, "backends": backends, "world_size": world}))
+        result = {"losses": losses, "backends": backends, "world_size": world, "changed_params": changed}
+        cli.out.write_text(json.dumps(result))
     if distributed:
         dist.barrier()
 

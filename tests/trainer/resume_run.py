@@ -18,7 +18,7 @@ def main(shared_data: str, minilm_dir: str, out: str, resume: str, losses_path: 
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=2,  # dropout on: ORT RNG must resume too
     )
     args = ORTTrainingArguments(
         output_dir=out, max_steps=20, save_steps=10, per_device_train_batch_size=8, learning_rate=1e-3,
