@@ -11,11 +11,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="versions, extension status and a one-step training check")
     doctor.add_argument("--build", action="store_true", help="build missing extensions now (the default too)")
+    report = sub.add_parser("report", help="PNG charts and a markdown summary from Trainer output dirs")
+    report.add_argument("run_dirs", nargs="+", help="one or more Trainer output dirs (e.g. an ORT and a PyTorch run)")
+    report.add_argument("--out", default=None, help="where to write (default: <first run>/report)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .doctor import run_doctor
 
         return run_doctor()
+    if args.command == "report":
+        from .report import render_report
+
+        out = render_report(args.run_dirs, args.out)
+        print(f"ort-hf report: wrote {out}/report.md and charts")
+        print((out / "report.md").read_text())
+        return 0
     return 2
 
 

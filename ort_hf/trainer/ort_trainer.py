@@ -17,6 +17,7 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 from transformers.training_args import ParallelMode
 
+from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
@@ -55,6 +56,17 @@ class ORTTrainer(Trainer):
         if self.args.use_ort and self.args.use_module_with_loss:
             # ModuleWithLoss takes num_items_in_batch whatever the model's forward accepts.
             self.model_accepts_loss_kwargs = True
+        self._add_default_callbacks()
+
+    def _add_default_callbacks(self) -> None:
+        present = {type(cb) for cb in self.callback_handler.callbacks}
+        if self.args.ort_density_callback and InputDensityCallback not in present:
+            self.add_callback(InputDensityCallback(print_every=self.args.ort_density_print_every))
+        if self.args.ort_memory_callback and MemoryObserverCallback not in present:
+            self.add_callback(MemoryObserverCallback())
+
+    def _observers(self) -> list[BatchObserver]:
+        return [cb for cb in self.callback_handler.callbacks if isinstance(cb, BatchObserver)]
 
     # --- model wrapping -------------------------------------------------------------------
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader=None) -> nn.Module:
@@ -69,6 +81,8 @@ class ORTTrainer(Trainer):
         engine_module = wrap_model(self._training_target(), self._training_options())
         self._ort_engine_module = engine_module
         self._label_sparsity_checked = False
+        for observer in self._observers():
+            observer.observe(engine_module)  # the batch reaches the engine module, not the HF model
         wrapped: nn.Module = engine_module
         if self.args.parallel_mode == ParallelMode.DISTRIBUTED:
             wrapped = self.accelerator.prepare_model(engine_module)  # DDP outside, ORTModule inside
@@ -176,9 +190,13 @@ class ORTTrainer(Trainer):
 
     # --- logging ---------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self._pending_ort_logs and "loss" in logs:
+        if "loss" in logs:
             logs.update(self._pending_ort_logs)
             self._pending_ort_logs = {}
+            # Collected here, before the parent logs, so trainer_state.json and every
+            # report_to integration get the callbacks' numbers whatever the callback order.
+            for observer in self._observers():
+                observer.merge_into(self.args, self.state, logs)
         super().log(logs, start_time)
 
 

@@ -53,6 +53,17 @@ class ORTTrainingArguments(TrainingArguments):
         },
     )
 
+    # --- observation callbacks (added by ORTTrainer; usable with plain Trainer too) ---
+    ort_density_callback: bool = field(
+        default=True, metadata={"help": "Log input/label density and non-padding tokens/s (InputDensityCallback)."}
+    )
+    ort_density_print_every: int | None = field(
+        default=None, metadata={"help": "Print the density table every N steps (rank 0)."}
+    )
+    ort_memory_callback: bool = field(
+        default=True, metadata={"help": "Log peak memory per phase (MemoryObserverCallback)."}
+    )
+
     # --- ORTOptions, one flag each (ort_<field>) ---
     ort_log_level: str = field(default="WARNING", metadata={"help": "ORTModule log level: VERBOSE .. FATAL."})
     ort_fallback: str = field(
@@ -118,6 +129,10 @@ class ORTTrainingArguments(TrainingArguments):
                     "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
+        if self.ort_density_print_every is not None and self.ort_density_print_every < 1:
+            raise ValueError(
+                f"--ort_density_print_every must be a positive number of steps, got {self.ort_density_print_every}."
+            )
         try:
             self._ort_options = self.ort_options()
         except ValueError as exc:

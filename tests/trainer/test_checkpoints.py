@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _run(shared_data, minilm_dir, out, resume, losses_path):
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     proc = subprocess.run(
         [sys.executable, str(HERE / "resume_run.py"), str(shared_data), str(minilm_dir), str(out), resume,
          str(losses_path)],
