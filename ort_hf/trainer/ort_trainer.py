@@ -115,6 +115,34 @@ class ORTTrainer(Trainer):
             self._ort_eval_module = wrap_model(self.model, options)
         return self._ort_eval_module
 
+    def ort_engine_status(self):
+        """What ran the last training attempt (``EngineStatus``), or None when ORT was not used."""
+        return None if self._ort_engine_module is None else self._ort_engine_module.engine_status()
+
+    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None) -> str:
+        """Write an inference ONNX model of the trained model (logits) plus its config and
+        tokenizer files to ``output_dir``; it is checked in onnxruntime against PyTorch's
+        logits (atol 1e-4) before this returns. ``sample_inputs`` defaults to one batch of the
+        eval (or train) dataset."""
+        from ..engine.export import export_inference_onnx
+
+        if sample_inputs is None:
+            dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+            if isinstance(dataset, dict):
+                dataset = next(iter(dataset.values()))
+            loader = self.get_eval_dataloader(dataset) if dataset is not None else None
+            if loader is None:
+                raise ValueError("export_onnx needs sample_inputs or a train/eval dataset to take one batch from.")
+            sample_inputs = next(iter(loader))
+        batches = [dict(sample_inputs)]
+        half = {k: v[: max(1, len(v) // 2)] for k, v in sample_inputs.items() if torch.is_tensor(v)}
+        path = export_inference_onnx(self.model, batches[0], output_dir, self.args.ort_opset_version,
+                                     check_inputs=[half])  # a second batch size checks the dynamic axes
+        self.model.config.save_pretrained(output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        return str(path)
+
     # --- loss ------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         in_graph = (

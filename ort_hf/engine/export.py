@@ -1,0 +1,84 @@
+"""Deployable output: an inference ONNX model of a trained model, checked in onnxruntime."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import ORTFallbackError
+
+logger = logging.getLogger(__name__)
+MODEL_FILE = "model.onnx"
+
+
+class ExportVerificationError(RuntimeError):
+    """The exported ONNX model does not reproduce PyTorch's outputs."""
+
+
+class _LogitsOnly(nn.Module):
+    def __init__(self, model: nn.Module, input_names: list[str]):
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *tensors):
+        output = self.model(**dict(zip(self.input_names, tensors)))
+        return output["logits"] if isinstance(output, dict) else output[0]
+
+
+def _session(path: Path):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def export_inference_onnx(
+    model: nn.Module, sample_inputs: dict[str, torch.Tensor], output_dir: str | Path, opset_version: int = 17,
+    atol: float = 1e-4, check_inputs: list[dict[str, torch.Tensor]] | None = None,
+) -> Path:
+    """Export ``model`` (eval mode, logits output) to ``output_dir/model.onnx`` with dynamic batch
+    and sequence axes, then run it in onnxruntime on ``sample_inputs`` and ``check_inputs`` and
+    raise :class:`ExportVerificationError` unless logits match PyTorch within ``atol``."""
+    from .runtime import ensure_engine, register_symbolics
+
+    register_symbolics(ensure_engine(), opset_version)  # SDPA and friends, as for training
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / MODEL_FILE
+    names = [k for k, v in sample_inputs.items() if torch.is_tensor(v) and k not in ("labels", "num_items_in_batch")]
+    cpu_inputs = {k: sample_inputs[k].detach().cpu() for k in names}
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval().to("cpu")
+    wrapper = _LogitsOnly(model, names).eval()  # the exporter restores this mode on the model after export
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names if cpu_inputs[name].dim() >= 2}
+    dynamic["logits"] = {0: "batch"}
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper, tuple(cpu_inputs[n] for n in names), str(path), input_names=names, output_names=["logits"],
+                dynamic_axes=dynamic, opset_version=opset_version, do_constant_folding=True, dynamo=False,
+            )
+        session = _session(path)
+        for inputs in [cpu_inputs, *[{k: v.detach().cpu() for k, v in c.items() if k in names} for c in check_inputs or []]]:
+            with torch.no_grad():
+                expected = wrapper(*(inputs[n] for n in names)).float().numpy()
+            got = session.run(["logits"], {n: inputs[n].numpy() for n in names})[0]
+            diff = float(np.max(np.abs(got - expected)))
+            if got.shape != expected.shape or diff > atol:
+                raise ExportVerificationError(
+                    f"{path}: onnxruntime logits differ from PyTorch (shape {got.shape} vs {expected.shape}, "
+                    f"max abs diff {diff:.2e} > {atol:g}); the file was written but should not be deployed."
+                )
+    except (RuntimeError, torch.onnx.errors.OnnxExporterError) as exc:
+        if isinstance(exc, ExportVerificationError):
+            raise
+        raise ORTFallbackError(f"Exporting {type(model).__name__} for inference failed: {exc}") from exc
+    finally:
+        model.train(was_training).to(device)
+    logger.info("ort_hf: exported %s and checked it in onnxruntime (atol %g)", path, atol)
+    return path

@@ -1,0 +1,34 @@
+"""export_onnx writes an inference model that onnxruntime runs with PyTorch's logits."""
+
+import numpy as np
+import onnxruntime
+import torch
+from sst2 import read_sst2, sst2_dataset
+from transformers import AutoTokenizer, BertForSequenceClassification
+
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
+
+def test_exported_minilm_matches_pytorch_on_real_sentences(tmp_path, shared_data, minilm_dir):
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2)
+    args = ORTTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=8,
+                                report_to=[], save_strategy="no", disable_tqdm=True, ort_fallback="disable",
+                                ort_log_level="ERROR")
+    trainer = ORTTrainer(model=model, args=args, train_dataset=sst2_dataset(shared_data, tok, limit=32),
+                         processing_class=tok)
+    trainer.train()
+    path = trainer.export_onnx(str(tmp_path / "onnx"))
+    assert (tmp_path / "onnx" / "tokenizer.json").exists() and (tmp_path / "onnx" / "config.json").exists()
+
+    sentences = [s for s, _ in read_sst2(shared_data, split="dev", limit=5)]
+    enc = tok(sentences, padding=True, return_tensors="np")  # another batch and length than the export's
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feed = {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs()}
+    got = session.run(["logits"], feed)[0]
+    model.eval()
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.numpy()
+    assert got.shape == (5, 2)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
