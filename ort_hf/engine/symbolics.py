@@ -29,15 +29,29 @@ first export.
     does ``(position_diff != 1).cumsum(-1)`` on a bool tensor. torch promotes integral and
     bool inputs to int64; so does this symbolic.
 
-ORTModule re-registers its own symbolic table on every construction. That table has an
-``aten::scaled_dot_product_attention`` entry only when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is
-set (a CUDA-only ATen fallback that does not work on torch 2.13); with that variable set,
-ORT's entry would replace the one here.
+``aten::where``
+    ORT's Where gradient (``Where(cond, dY, 0)``) does not sum over broadcast dimensions, so
+    a data input that ``torch.where`` broadcasts gets a gradient of the output's shape and the
+    backward graph breaks upstream. T5 (and any model whose SDPA mask is built by
+    transformers' ``create_position_bias_mask`` from a learned bias and a padding mask) fails
+    with ``Squeeze ... Dimension of input 0 must be 1``. Non-constant data inputs that may be
+    broadcast are expanded to the output shape first; Expand's gradient reduces correctly.
+``aten::layer_norm``
+    ORT's own layer_norm symbolic passes a missing bias (``nn.LayerNorm(bias=False)``, e.g.
+    ModernBERT) or weight through as an empty input; the gradient builder then names every
+    such bias gradient ``_grad`` and fails (``Duplicate definition of name (_grad)``).
+
+ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
+``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
+construction, which would put ORT's versions back over torch's registry. So the symbolics
+here are also entered into ORT's table (``CustomOpSymbolicRegistry.register``), provided
+:func:`register_training_symbolics` runs after ``onnxruntime.training.ortmodule`` is imported.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import torch
@@ -216,7 +230,9 @@ def _sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
         if m_type is not None and m_type != q_type:
             mask = g.op("Cast", mask, to_i=onnx_dtype)
         if keep is not None:  # float mask and is_causal (torch refuses this; combine anyway)
-            mask = g.op("Where", keep, mask, _const(g, float("-inf"), dtype))
+            # Add, not Where(keep, mask, -inf): ORT's Where gradient does not reduce broadcast
+            # dimensions, and a float mask may need a gradient (T5's position bias).
+            mask = g.op("Add", mask, g.op("Where", keep, _const(g, 0.0, dtype), _const(g, float("-inf"), dtype)))
         scores = g.op("Add", scores, mask)
         row_max = _reduce_max_last(g, mask)
         if dtype not in (torch.float32, torch.float64):  # IsInf is float/double only before opset 20
@@ -299,6 +315,103 @@ def _cumsum(g, self, dim, dtype=None):
 
 
 # --------------------------------------------------------------------------------------
+# aten::where, aten::layer_norm
+# --------------------------------------------------------------------------------------
+
+
+def _maybe_broadcast(value, others) -> bool:
+    """Whether ``value`` may be smaller than the broadcast of itself with ``others``.
+
+    False only when the static types prove it: same rank as every other operand, and no dim
+    that is 1 where another operand's dim is not known to be 1.
+    """
+    symbolic_helper, _ = _helpers()
+    sizes = symbolic_helper._get_tensor_sizes(value)
+    if sizes is None:
+        return True
+    for other in others:
+        other_sizes = symbolic_helper._get_tensor_sizes(other)
+        if other_sizes is None or len(other_sizes) > len(sizes):
+            return True
+        offset = len(sizes) - len(other_sizes)
+        for i, o in enumerate(other_sizes):
+            if sizes[offset + i] == 1 and o != 1:
+                return True
+    return False
+
+
+def _broadcast_shape(g, values, ranks):
+    """Run-time broadcast shape (1-D int64) of ``values`` whose ranks are all known."""
+    rank = max(ranks)
+    one = _const(g, 1, torch.int64)
+    result = None
+    for v, r in zip(values, ranks):
+        shape = g.op("Shape", v)
+        if r < rank:
+            shape = g.op("Concat", _const(g, [1] * (rank - r), torch.int64), shape, axis_i=0)
+        # broadcast(a, b) per dim = a where b == 1 else b (valid for broadcastable inputs, 0 included)
+        result = shape if result is None else g.op("Where", g.op("Equal", shape, one), result, shape)
+    return result
+
+
+def _where(g, condition, self=None, other=None, _outputs=None):
+    symbolic_helper, _ = _helpers()
+    if symbolic_helper._is_none(self) or symbolic_helper._is_none(other):
+        # torch.where(cond): the nonzero form; nothing to differentiate, torch's symbolic is fine.
+        try:
+            from torch.onnx._internal.torchscript_exporter import symbolic_opset9
+        except ImportError:  # torch < 2.9
+            from torch.onnx import symbolic_opset9  # type: ignore[no-redef]
+
+        return symbolic_opset9.where(g, condition, self, other, _outputs)
+    if not symbolic_helper._is_bool(condition):
+        condition = g.op("Cast", condition, to_i=torch.onnx.TensorProtoDataType.BOOL)
+    # ORT's Where gradient (Where(cond, dY, 0)) does not reduce broadcast dimensions, so a
+    # data input smaller than the output gets a gradient of the output's shape and the
+    # backward graph fails further up (T5's relative position bias under SDPA:
+    # "Squeeze ... Dimension of input 0 must be 1"). Expanding such an input to the output
+    # shape first moves the reduction into Expand's gradient, which ORT gets right.
+    # Constants never need a gradient and are left alone.
+    operands = [condition, self, other]
+    needs = [
+        i for i in (1, 2)
+        if not symbolic_helper._is_constant(operands[i])
+        and _maybe_broadcast(operands[i], [operands[j] for j in range(3) if j != i])
+    ]
+    if needs:
+        ranks = [symbolic_helper._get_tensor_rank(v) for v in operands]
+        if all(r is not None for r in ranks):
+            shape = _broadcast_shape(g, operands, ranks)
+        else:
+            shape = g.op("Shape", g.op("Expand", g.op("Expand", condition, g.op("Shape", self)), g.op("Shape", other)))
+        for i in needs:
+            operands[i] = g.op("Expand", operands[i], shape)
+    return g.op("Where", *operands)
+
+
+def _layer_norm(g, input, normalized_shape, weight, bias, eps, cudnn_enable):
+    symbolic_helper, _ = _helpers()
+    # ORT's own layer_norm symbolic (re-registered by every ORTModule construction) passes a
+    # missing weight or bias through as an empty input name. A missing scale is invalid ONNX;
+    # a missing bias makes ORT's gradient builder name the bias gradient "_grad" for every
+    # such LayerNorm ("Duplicate definition of name (_grad)": ModernBERT, any
+    # nn.LayerNorm(bias=False)). Missing ones become constant ones / zeros instead.
+    normalized_shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
+    eps = symbolic_helper._get_const(eps, "f", "eps")
+    scalar_type = _scalar_type(input)
+    dtype = scalar_type.dtype() if scalar_type is not None else torch.float32
+    if symbolic_helper._is_none(weight):
+        weight = g.op("Constant", value_t=torch.ones(normalized_shape, dtype=dtype))
+    if symbolic_helper._is_none(bias):
+        bias = g.op("Constant", value_t=torch.zeros(normalized_shape, dtype=dtype))
+    # All three outputs, as ORT's version does: LayerNormalizationGrad reads mean and inv_std.
+    out, _mean, _inv_std = g.op(
+        "LayerNormalization", input, weight, bias, epsilon_f=eps, axis_i=-len(normalized_shape), outputs=3
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------
 
@@ -306,21 +419,47 @@ SYMBOLICS = {
     "aten::scaled_dot_product_attention": _sdpa,
     "aten::diff": _diff,
     "aten::cumsum": _cumsum,
+    "aten::where": _where,
+    "aten::layer_norm": _layer_norm,
 }
 
 
-def register_training_symbolics(opset_version: int) -> None:
-    """Register this module's symbolics for ``opset_version`` (once per opset; thread-safe).
+_ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
+_ort_done = False
 
-    Affects every TorchScript ONNX export in the process at that opset, not only
-    ORTModule's; the decompositions are exact, so plain exports stay correct.
+
+def _register_with_ort() -> bool:
+    """Put the symbolics into ORT's own table, which ORTModule re-registers on construction.
+
+    Without this, constructing an ORTModule would put ORT's ``layer_norm`` (and, with
+    ``ORTMODULE_ATEN_SDPA_FALLBACK`` set, its SDPA) back over ours. Only done once ORTModule
+    has been imported (importing it needs the compat bridges first).
     """
+    module = sys.modules.get(_ORT_REGISTRY)
+    if module is None:
+        return False
+    for name, fn in SYMBOLICS.items():
+        domain, _, op = name.partition("::")
+        module.CustomOpSymbolicRegistry.register(op, "" if domain == "aten" else domain, fn)
+    return True
+
+
+def register_training_symbolics(opset_version: int) -> None:
+    """Register this module's symbolics for ``opset_version`` (idempotent; thread-safe).
+
+    Call it after ``onnxruntime.training.ortmodule`` is imported and before the first
+    ORTModule is built, so ORT's table carries them too. Affects every TorchScript ONNX export
+    in the process at that opset, not only ORTModule's; the decompositions compute what torch
+    computes, so plain exports stay correct.
+    """
+    global _ort_done
     opset_version = int(opset_version)
     with _LOCK:
-        if opset_version in _DONE:
-            return
-        if opset_version < 14:
-            raise ValueError(f"ort_hf's training symbolics need ONNX opset >= 14 (got {opset_version})")
-        for name, fn in SYMBOLICS.items():
-            torch.onnx.register_custom_op_symbolic(name, fn, opset_version)
-        _DONE.add(opset_version)
+        if opset_version not in _DONE:
+            if opset_version < 14:
+                raise ValueError(f"ort_hf's training symbolics need ONNX opset >= 14 (got {opset_version})")
+            for name, fn in SYMBOLICS.items():
+                torch.onnx.register_custom_op_symbolic(name, fn, opset_version)
+            _DONE.add(opset_version)
+        if not _ort_done:
+            _ort_done = _register_with_ort()
