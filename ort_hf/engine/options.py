@@ -24,7 +24,8 @@ MIN_OPSET, MAX_OPSET = 14, 20  # ORT 1.19 gradient builders and torch's TorchScr
 MEMORY_OPT_LEVELS = (0, 1, 2)
 # ORT prints memory-optimizer plans as "<cluster id>:<strategy>:<request count>", e.g.
 # "BiasGelu+:1:-1" (strategy 1 = recompute, 2 = recompute with compromise, count -1 = all).
-_PLAN_RE = re.compile(r"^[^:\s]+:[12]:-?\d+$")
+# A plan may combine several clusters with commas, as ORT prints them.
+_PLAN_RE = re.compile(r"^[^:\s,]+:[12]:-?\d+(,[^:\s,]+:[12]:-?\d+)*$")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ class ORTOptions:
         use_triton: CUDA only: let ORT run some ops through Triton.
         use_efficient_attention: CUDA only: ORT's fused attention graph optimiser.
         eval_in_ort: run evaluation/prediction through ORT's inference mode instead of PyTorch.
+        enable_mem_reuse: let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes it
+            off). ``None`` = on whenever the memory optimizer is on, where it decides whether
+            recompute lowers the peak at all.
+        trim_padding: drop trailing all-padding columns of each training batch before ORT runs
+            it (results unchanged: those positions are masked out and carry no label). ``None``
+            = on for CPU models, off on CUDA, where ORT's own padding elimination applies.
     """
 
     log_level: str = "WARNING"
@@ -73,6 +80,8 @@ class ORTOptions:
     use_triton: bool = False
     use_efficient_attention: bool = False
     eval_in_ort: bool = False
+    trim_padding: bool | None = None
+    enable_mem_reuse: bool | None = None
 
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -91,6 +100,10 @@ class ORTOptions:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ORTOptions.{name} must be True or False, got {getattr(self, name)!r}.")
+        for name in ("trim_padding", "enable_mem_reuse"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"ORTOptions.{name} must be True, False or None (auto), got {value!r}.")
         if not isinstance(self.opset_version, int) or not MIN_OPSET <= self.opset_version <= MAX_OPSET:
             raise ValueError(
                 f"ORTOptions.opset_version must be an integer from {MIN_OPSET} to {MAX_OPSET}, "
@@ -121,6 +134,14 @@ class ORTOptions:
             raise ValueError(
                 "ORTOptions.mem_efficient_grad_mgmt needs enable_custom_autograd=True (it runs on PythonOp)."
             )
+
+    @property
+    def memory_optimizer_on(self) -> bool:
+        return bool(self.memory_opt_level or self.memory_opt_plans)
+
+    @property
+    def mem_reuse_on(self) -> bool:
+        return self.memory_optimizer_on if self.enable_mem_reuse is None else self.enable_mem_reuse
 
     def to_dict(self) -> dict:
         return asdict(self)

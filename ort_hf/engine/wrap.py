@@ -41,6 +41,21 @@ _ERROR_LINE_RE = re.compile(r"^\s*((?:\w+\.)*\w+(?:Error|Exception): .+)$", re.M
 _CPP_CHECK_RE = re.compile(r"^/onnxruntime_src/\S+ .*? was false\. ", re.S)
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One recompute plan ORT's memory optimizer found in the training graph (first batch)."""
+
+    plan: str  # as ORT prints it and as memory_opt_plans takes it, "cluster:strategy:count"
+    frequency: int  # how many times the subgraph occurs
+    bytes_saved: float | None  # evaluated on the first batch's shapes
+    symbolic_saving: str  # saving as a formula of the symbolic dims
+    enabled: bool
+
+
+def _plan_key(plan: str) -> list[str]:
+    return [":".join(part.split(":")[:2]) for part in plan.split(",") if part]
+
+
 def describe_failure(exc: BaseException) -> str:
     """One line naming what ORT could not handle, with the unsupported op when there is one."""
     text = str(exc)
@@ -59,6 +74,32 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {head[:300]}"
 
 
+def trim_trailing_padding(inputs: dict) -> tuple[dict, int, int]:
+    """Drop the trailing sequence columns that are padding in every row.
+
+    Returns (inputs, kept length, original length). Nothing is dropped unless the batch has
+    a 2-D ``attention_mask`` whose trailing columns are all 0 and, when ``labels`` are
+    per-token, those label columns are all -100: the dropped positions are then masked out
+    of attention and of the loss, so the loss and gradients are unchanged.
+    """
+    mask = inputs.get("attention_mask")
+    if not torch.is_tensor(mask) or mask.dim() != 2:
+        return inputs, -1, -1
+    batch, length = mask.shape
+    used = torch.nonzero(mask.any(dim=0)).flatten()
+    keep = int(used[-1]) + 1 if used.numel() else length
+    labels = inputs.get("labels")
+    if torch.is_tensor(labels) and labels.shape[:2] == (batch, length) and (labels[:, keep:] != -100).any():
+        return inputs, length, length
+    if keep == length:
+        return inputs, length, length
+    trimmed = {
+        k: (v[:, :keep] if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == (batch, length) else v)
+        for k, v in inputs.items()
+    }
+    return trimmed, keep, length
+
+
 class ORTTrainingModule(nn.Module):
     """Trains ``module`` through ORTModule; evaluates in PyTorch unless ``eval_in_ort``.
 
@@ -74,10 +115,18 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_ort", ort_module)
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
-        object.__setattr__(self, "_record", compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity))
+        object.__setattr__(
+            self,
+            "_record",
+            compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on),
+        )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
         object.__setattr__(self, "_use_pytorch", False)
+        on_cuda = any(p.is_cuda for p in module.parameters())
+        trim = options.trim_padding if options.trim_padding is not None else not on_cuda
+        object.__setattr__(self, "_trim_padding", trim)
+        object.__setattr__(self, "padding_stats", {"kept_tokens": 0, "total_tokens": 0})
         forward_params = inspect.signature(module.forward).parameters
         config = getattr(module, "config", None)
         # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type).
@@ -104,6 +153,14 @@ class ORTTrainingModule(nn.Module):
             args, kwargs = (), dict(args[0])  # ORTModule rejects BatchEncoding; plain dict it is
         if self.training and self._disable_cache:
             kwargs.setdefault("use_cache", False)
+        if self.training and self._trim_padding:
+            # ORT's padding elimination exists only in its CUDA build: on CPU the columns that are
+            # padding in every row are dropped here, which leaves the loss unchanged.
+            kwargs, kept, total = trim_trailing_padding(kwargs)
+            if total > 0:
+                rows = kwargs["attention_mask"].shape[0]
+                self.padding_stats["kept_tokens"] += kept * rows
+                self.padding_stats["total_tokens"] += total * rows
         _set_custom_autograd(self._pythonop)
         token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
         try:
@@ -127,7 +184,10 @@ class ORTTrainingModule(nn.Module):
         return output
 
     def _note_backend(self) -> None:
+        first = not self._ran
         object.__setattr__(self, "_ran", True)
+        if first and self.training and self.training_graph() is not None:
+            self._check_requested_plans()
         manager = self._ort._fallback_manager
         if self._fallback_reason is None and manager.is_pending():
             self._record_fallback(describe_failure(manager._exception))
@@ -156,6 +216,50 @@ class ORTTrainingModule(nn.Module):
         manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
         onnx_models = getattr(manager, "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
+
+    def memory_plans(self) -> list[MemoryPlan] | None:
+        """The memory optimizer's plan table (after the first training step), largest saving first."""
+        if self.training_graph() is None:
+            return None
+        manager = self._ort._torch_module._execution_manager(True)
+        found = manager._runtime_inspector.memory_ob.cluster_id_combination_to_saving_symbolics_map
+        enabled: set[str] = set()
+        config = manager._runtime_options.memory_optimizer_config_file_path
+        if config:
+            import json
+
+            with open(config) as f:
+                for entry in json.load(f):
+                    enabled.update(k for k, part in zip(_plan_key(entry), entry.split(",")) if not part.endswith(":0"))
+        return [
+            MemoryPlan(
+                plan=cluster,
+                frequency=int(summary.freq),
+                bytes_saved=summary.evaluated_saving if isinstance(summary.evaluated_saving, float) else None,
+                symbolic_saving=str(summary.simplified_symbolic_saving_expr),
+                enabled=bool(_plan_key(cluster)) and all(k in enabled for k in _plan_key(cluster)),
+            )
+            for cluster, summary in found.items()
+        ]
+
+    def _check_requested_plans(self) -> None:
+        """A requested plan ORT did not find is a typo or a model change: say which plans exist."""
+        if not self.options.memory_opt_plans:
+            return
+        import difflib
+
+        found = self.memory_plans() or []
+        known = {k for p in found for k in _plan_key(p.plan)}
+        for plan in self.options.memory_opt_plans:
+            missing = [k for k in _plan_key(plan) if k not in known]
+            if missing:
+                valid = ", ".join(p.plan for p in found) or "none (the graph has no recomputable subgraph)"
+                close = difflib.get_close_matches(missing[0], sorted(known), n=1)
+                hint = f" Did you mean '{close[0]}:-1'?" if close else ""
+                raise ValueError(
+                    f"ORTOptions.memory_opt_plans: ORT found no plan '{plan}' in this model.{hint} "
+                    f"Valid plans: {valid}."
+                )
 
     def label_sparsity_fired(self) -> bool | None:
         """Whether ORT rewrote the loss to run on non-ignored labels only, read from the graph

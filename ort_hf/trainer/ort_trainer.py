@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 
 import torch
 from torch import nn
@@ -21,12 +23,14 @@ from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallb
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
+from .checks import check_token_ids, check_train_dataset, last_complete_checkpoint
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
 
 # ORT 1.19.2 fires label sparsity when fewer than this share of labels are used.
 LABEL_SPARSITY_THRESHOLD = 0.9
+MEMORY_PLANS_FILE = "ort_memory_plans.json"
 
 
 def _as_ort_args(args: TrainingArguments | None) -> ORTTrainingArguments:
@@ -67,6 +71,16 @@ class ORTTrainer(Trainer):
 
     def _observers(self) -> list[BatchObserver]:
         return [cb for cb in self.callback_handler.callbacks if isinstance(cb, BatchObserver)]
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """As ``Trainer.train``; ``resume_from_checkpoint=True`` picks the newest checkpoint that
+        was completely written (a save killed half-way is skipped, never loaded)."""
+        check_train_dataset(self.train_dataset)
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No completely written checkpoint found in {self.args.output_dir} to resume from.")
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # --- model wrapping -------------------------------------------------------------------
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader=None) -> nn.Module:
@@ -153,11 +167,22 @@ class ORTTrainer(Trainer):
         labels = inputs.get("labels")
         if labels is None:
             raise missing_labels_error(inputs)  # before ORT traces a graph without a loss
+        check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         self._reseed_ort()
         # ModuleWithLoss already applied label smoothing / compute_loss_func inside the graph;
         # the parent must only read outputs["loss"] and scale it across devices as usual.
-        with _hidden(self, "label_smoother", "compute_loss_func"):
-            loss = super().compute_loss(model, inputs, False, num_items_in_batch)
+        try:
+            with _hidden(self, "label_smoother", "compute_loss_func"):
+                loss = super().compute_loss(model, inputs, False, num_items_in_batch)
+        except RuntimeError as exc:
+            last = last_complete_checkpoint(self.args.output_dir)
+            raise RuntimeError(
+                f"ORT failed at step {self.state.global_step + 1}: {exc}\n"
+                f"Last complete checkpoint: {last or 'none yet'} (resume with resume_from_checkpoint=True)."
+            ) from exc
+        if not torch.isfinite(loss.detach()).all():
+            logger.warning("ort_hf: non-finite loss %s at step %d (the logged loss filters it when "
+                           "logging_nan_inf_filter is on, as the Trainer does).", loss.item(), self.state.global_step + 1)
         if not self._label_sparsity_checked:
             self._report_first_step(labels)
         return loss
@@ -180,6 +205,12 @@ class ORTTrainer(Trainer):
                 "ort/fallback": float(status.backend == "pytorch"),
             }
         )
+        self._record_memory_plans(engine)
+        stats = engine.padding_stats
+        if stats["total_tokens"]:
+            logger.info("ort_hf: trimming trailing padding before ORT (no padding elimination on CPU): "
+                        "the first batch kept %.1f%% of its token positions.",
+                        100 * stats["kept_tokens"] / stats["total_tokens"])
         if labels is None or labels.dim() < 2 or status.backend != "ort":
             return  # sequence-level labels: nothing for label sparsity to remove
         density = float((labels != -100).float().mean())
@@ -199,6 +230,22 @@ class ORTTrainer(Trainer):
             )
         else:
             logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below 90%%).", 100 * density)
+
+    def _record_memory_plans(self, engine) -> None:
+        """The recompute plans ORT found: logged once, saved as JSON, counted in the metrics."""
+        plans = engine.memory_plans()
+        if not plans:
+            return
+        on = [p for p in plans if p.enabled]
+        self._pending_ort_logs["memory/plans_on"] = float(len(on))
+        self._pending_ort_logs["memory/plan_bytes_saved"] = float(sum(p.bytes_saved or 0 for p in on))
+        if self.args.should_save:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            with open(os.path.join(self.args.output_dir, MEMORY_PLANS_FILE), "w") as f:
+                json.dump([dataclasses.asdict(p) for p in plans], f, indent=2)
+        rows = "\n".join(f"  {'ON ' if p.enabled else 'OFF'} {p.plan:<45} x{p.frequency:<3} {p.bytes_saved or 0:>14,.0f}"
+                         for p in plans)
+        logger.info("ort_hf: ORT memory optimizer plans (first batch; bytes saved per step):\n%s", rows)
 
     def _why_no_label_sparsity(self, status) -> str:
         if not self.args.ort_enable_label_sparsity:
@@ -221,6 +268,9 @@ class ORTTrainer(Trainer):
         if "loss" in logs:
             logs.update(self._pending_ort_logs)
             self._pending_ort_logs = {}
+            stats = self._ort_engine_module.padding_stats if self._ort_engine_module is not None else {}
+            if stats.get("total_tokens"):  # share of token positions ORT computed, so far
+                logs["ort/positions_kept"] = round(stats["kept_tokens"] / stats["total_tokens"], 4)
             # Collected here, before the parent logs, so trainer_state.json and every
             # report_to integration get the callbacks' numbers whatever the callback order.
             for observer in self._observers():

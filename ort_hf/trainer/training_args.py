@@ -101,6 +101,20 @@ class ORTTrainingArguments(TrainingArguments):
     )
     ort_use_triton: bool = field(default=False, metadata={"help": "CUDA only: run some ops through Triton."})
     ort_use_efficient_attention: bool = field(default=False, metadata={"help": "CUDA only: ORT's fused attention."})
+    ort_trim_padding: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Drop trailing all-padding columns of each training batch before ORT (results unchanged). "
+            "Default: on for CPU, off on CUDA (ORT's padding elimination)."
+        },
+    )
+    ort_enable_mem_reuse: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Let ORT's session reuse activation buffers (ORT 1.19.2 keeps it off). Default: on when "
+            "recompute (--ort_memory_opt_level / plans) is on, which is what makes recompute lower the peak."
+        },
+    )
     ort_eval_in_ort: bool = field(
         default=False, metadata={"help": "Evaluate/predict through ORT's inference mode instead of PyTorch."}
     )

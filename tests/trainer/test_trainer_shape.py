@@ -9,7 +9,7 @@ from ort_hf.trainer.ort_trainer import ORTTrainer
 
 LOOP_METHODS = [
     "_inner_training_loop", "_run_epoch", "training_step", "evaluation_loop", "prediction_step",
-    "_prepare_for_training", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_from_checkpoint", "train",
+    "_prepare_for_training", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_from_checkpoint",
 ]
 
 

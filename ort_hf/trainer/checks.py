@@ -1,0 +1,70 @@
+"""Checks that turn bad input into a clear message before ORT runs, and checkpoint completeness."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+def check_token_ids(inputs: dict, vocab_size: int | None) -> None:
+    """Raise if ``input_ids`` fall outside the embedding table (ORT would abort in C++)."""
+    ids = inputs.get("input_ids")
+    if vocab_size is None or not torch.is_tensor(ids) or ids.numel() == 0 or ids.is_floating_point():
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = high if high >= vocab_size else low
+        raise ValueError(
+            f"Token id {bad} is outside the model's vocabulary (vocab_size={vocab_size}): the tokenizer "
+            "does not match the model. Use the model's own tokenizer, or call "
+            "model.resize_token_embeddings(len(tokenizer)) after adding tokens."
+        )
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    """The Trainer writes trainer_state.json last: a checkpoint whose state file is missing or
+    unreadable was interrupted while being written."""
+    state = Path(path) / TRAINER_STATE
+    try:
+        with open(state) as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` in ``output_dir`` that was completely written, or None."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = sorted(
+        ((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT_RE.match(name))),
+        reverse=True,
+    )
+    for _, name in steps:
+        path = os.path.join(output_dir, name)
+        if is_complete_checkpoint(path):
+            return path
+        logger.warning("ort_hf: skipping %s: it was not completely written (interrupted save).", path)
+    return None
+
+
+def check_train_dataset(dataset) -> None:
+    if dataset is None:
+        return
+    try:
+        size = len(dataset)
+    except TypeError:
+        return  # iterable dataset: size unknown
+    if size == 0:
+        raise ValueError("The train dataset is empty: check the data files and any max_train_samples / filters.")

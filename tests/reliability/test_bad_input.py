@@ -1,0 +1,70 @@
+"""Bad input ends in a clear message before ORT runs."""
+
+import logging
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from tiny_models import FAMILIES, VOCAB, build
+
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
+
+def _data(n=16, high=VOCAB):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, high, (n, 8), generator=gen)
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * n,
+                              "labels": (ids[:, 0] % 2).tolist()})
+
+
+def _trainer(tmp_path, data, model=None, **kw):
+    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, report_to=[],
+                                save_strategy="no", disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
+                                **kw)
+    return ORTTrainer(model=model or build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
+
+
+def test_token_ids_beyond_the_vocabulary_are_caught_before_ort(tmp_path):
+    trainer = _trainer(tmp_path, _data(high=VOCAB + 50))  # a tokenizer bigger than the model
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \(vocab_size=100\).*resize_token_embeddings"):
+        trainer.train()
+    assert trainer.ort_engine_status().backend == "not_run"  # no ORT session ever saw the batch
+
+
+def test_empty_dataset(tmp_path):
+    with pytest.raises(ValueError, match="train dataset is empty"):
+        _trainer(tmp_path, _data().select([])).train()
+
+
+def test_missing_labels_for_module_with_loss(tmp_path):
+    with pytest.raises(ValueError, match="ModuleWithLoss needs `labels`"):
+        _trainer(tmp_path, _data().remove_columns("labels")).train()
+
+
+def test_nan_loss_is_reported_with_the_step(tmp_path, caplog):
+    trainer = _trainer(tmp_path, _data(), learning_rate=1e9, max_grad_norm=0.0, logging_steps=1,
+                       ort_density_callback=False, ort_memory_callback=False)
+    with caplog.at_level(logging.WARNING, logger="ort_hf"):
+        trainer.train()
+    assert trainer.ort_engine_status().backend == "ort"
+    said = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+    assert said and "at step" in said[0]
+    # As the Trainer does for PyTorch: the logged loss filters non-finite values.
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_failed_run_leaves_environment_unchanged(tmp_path):
+    class WithEigh(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 4)
+
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            h = self.embed(input_ids).mean(1)
+            return {"logits": h * torch.linalg.eigh(h.T @ h)[0].sum()}
+
+    before = dict(os.environ)
+    with pytest.raises(Exception, match="aten::linalg_eigh"):
+        _trainer(tmp_path, _data(), model=WithEigh()).train()
+    assert dict(os.environ) == before
