@@ -4,6 +4,7 @@ import json
 
 from datasets import Dataset
 from tiny_models import FAMILIES, build
+from transformers import TrainerCallback
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 from ort_hf.trainer.checks import is_complete_checkpoint, last_complete_checkpoint
@@ -30,12 +31,18 @@ def test_resume_true_uses_the_last_complete_checkpoint(tmp_path):
                                     ort_fallback="disable", ort_log_level="ERROR")
         return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
 
+    class CountSteps(TrainerCallback):
+        steps = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            CountSteps.steps += 1
+
     trainer(4).train()
     broken = tmp_path / "checkpoint-6"  # a later save that died before its state file
     broken.mkdir()
     (broken / "model.safetensors").write_bytes(b"partial")
-    resumed = trainer(6)
+    resumed = trainer(8)
+    resumed.add_callback(CountSteps())
     resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == 6
-    steps = [h["step"] for h in resumed.state.log_history if "loss" in h]
-    assert steps and min(steps) <= 5  # continued from checkpoint-4, not from the broken one
+    assert resumed.state.global_step == 8
+    assert CountSteps.steps == 4  # steps 5-8: continued from checkpoint-4, not the broken checkpoint-6
