@@ -194,6 +194,29 @@ def _bridge_session_mem_reuse() -> None:
     GEM._get_session_config = get_session_config
 
 
+def _bridge_mem_efficient_grad_device() -> None:
+    # ORT 1.19.2 bug: GraphTransitionManager passes the dict of parameter names as the `device`
+    # argument of post_processing_enable_mem_efficient_training, so memory-efficient gradient
+    # management fails with "zeros(): argument 'device' must be torch.device, not dict". The
+    # device is taken from the parameters instead. Can go with ORTModule.
+    import torch
+    from onnxruntime.training.ortmodule import _mem_efficient_grad_mgmt as mgmt
+
+    original = mgmt.post_processing_enable_mem_efficient_training
+    if getattr(original, "_ort_hf_bridge", False):
+        return
+
+    @functools.wraps(original)
+    def post_processing(exported_model, named_params, device):
+        named_params = list(named_params)
+        if not isinstance(device, torch.device):
+            device = named_params[0][1].device if named_params else "cpu"
+        return original(exported_model, named_params, device)
+
+    post_processing._ort_hf_bridge = True
+    mgmt.post_processing_enable_mem_efficient_training = post_processing
+
+
 def apply_ort_bridges() -> None:
     """Bridges applied to ORT's own modules right after they import."""
     global _ort_done
@@ -203,4 +226,5 @@ def apply_ort_bridges() -> None:
         _bridge_cpu_nvtx()
         _bridge_sparsity_switches()
         _bridge_session_mem_reuse()
+        _bridge_mem_efficient_grad_device()
         _ort_done = True
