@@ -64,6 +64,40 @@ def _llama(dropout: float, attn: str):
     )
 
 
+def _qwen2(dropout: float, attn: str):
+    return tf.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attention_dropout=dropout, pad_token_id=0,
+        attn_implementation=attn,
+    )
+
+
+def _modernbert(dropout: float, attn: str):
+    return tf.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, attention_dropout=dropout, embedding_dropout=dropout, mlp_dropout=dropout,
+        pad_token_id=0, local_attention=4, global_attn_every_n_layers=2, attn_implementation=attn,
+    )
+
+
+def _t5(dropout: float, attn: str):
+    return tf.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=dropout,
+        use_cache=False, decoder_start_token_id=0, pad_token_id=0, attn_implementation=attn,
+    )
+
+
+# Families that each needed something beyond the core symbolics (GQA, layer_norm without bias,
+# Where with broadcasting in T5's SDPA path).
+EXTRA_FAMILIES = {
+    f.name: f
+    for f in (
+        Family("qwen2-clm", tf.Qwen2ForCausalLM, _qwen2, "clm"),
+        Family("modernbert-mlm", tf.ModernBertForMaskedLM, _modernbert, "mlm"),
+        Family("t5-s2s", tf.T5ForConditionalGeneration, _t5, "s2s"),
+    )
+}
+
 FAMILIES = {
     f.name: f
     for f in (
@@ -79,6 +113,7 @@ FAMILIES = {
 
 
 def build(family: Family, seed: int = 0, dropout: float = 0.0, attn: str = "eager"):
+    """The family's tiny model, in train mode, from ``seed``."""
     torch.manual_seed(seed)
     model = family.model_cls(family.make_config(dropout, attn))
     model.train()
@@ -100,6 +135,8 @@ def make_batch(task: str, generator: torch.Generator, padded: bool = True) -> di
         chosen = (torch.rand(ids.shape, generator=generator) < 0.3) & (mask == 1)
         chosen[:, 1] = True  # at least one label per row
         batch["labels"] = ids.masked_fill(~chosen, -100)
+    elif task == "s2s":
+        batch["labels"] = torch.randint(3, VOCAB, (BATCH, SEQ // 2), generator=generator)
     else:
         batch["labels"] = ids.masked_fill(mask == 0, -100)
     return batch

@@ -14,8 +14,9 @@ first export.
     gradient needs the mask output, so building the gradient graph fails
     (``gradient_builder_base.h ... i < node_->OutputDefs().size()``) as soon as attention
     dropout is non-zero. It also rejects ``enable_gqa=True`` (transformers passes it for
-    grouped-query attention when there is no attention mask) and turns fully masked rows of
-    a boolean mask into 0 through ``Where(IsNaN)``, whose backward is NaN. The decomposition
+    grouped-query attention when there is no attention mask), turns fully masked rows of a
+    boolean mask into 0 through ``Where(IsNaN)`` (the gradients come out NaN under ORT) and
+    leaves fully ``-inf`` rows of a float mask NaN (torch gives 0). The decomposition
     below is differentiable by ORT and matches torch's math (rows where every key is masked
     give 0 output and 0 gradient, for boolean and for float ``-inf`` masks alike).
 ``aten::diff``

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from parity import STRICT, assert_parity, run_parity
-from tiny_models import FAMILIES, build, make_batch
+from tiny_models import EXTRA_FAMILIES, FAMILIES, build, make_batch
 
 from ort_hf.engine import wrap_model
 
@@ -51,3 +51,11 @@ def test_sdpa_with_dropout_trains(family):
     assert wrapped.engine_status().backend == "ort"
     assert all(math.isfinite(x) for x in losses)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+
+
+@pytest.mark.parametrize("family", sorted(EXTRA_FAMILIES))
+def test_more_families_match_pytorch_with_sdpa_and_padding(family):
+    fam = EXTRA_FAMILIES[family]
+    gen = torch.Generator().manual_seed(4)
+    batches = [make_batch(fam.task, gen) for _ in range(8)]
+    assert_parity(*run_parity(build(fam, attn="sdpa"), batches))
