@@ -103,6 +103,7 @@ class MemoryObserverCallback(BatchObserver):
         self._step_start = 0.0
         self._first: dict[str, float] = {}
         self._recompute = 0.0
+        self.last_step_peak_mb = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.memory = ProcessMemory()
@@ -140,6 +141,7 @@ class MemoryObserverCallback(BatchObserver):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._close_phase("forward")
+        self.last_step_peak_mb = self._step.peak
         if state.global_step <= self.skip_steps:
             self._first = {
                 "ort/export_peak_mb": round(self._step.peak, 1),

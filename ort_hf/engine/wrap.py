@@ -199,6 +199,19 @@ class ORTTrainingModule(nn.Module):
             "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
         )
 
+    def reconfigure(self, options: ORTOptions) -> None:
+        """Rebuild the ORT session with new options (re-exports on the next forward); the
+        module, its parameters and the optimizer stay as they are."""
+        state = ensure_engine()
+        register_symbolics(state, options.opset_version)
+        object.__setattr__(self, "_ort", _build_ort_module(self.module, options, state))
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
+        self._record.enable_label_sparsity = options.enable_label_sparsity
+        self._record.enable_mem_reuse = options.mem_reuse_on
+        object.__setattr__(self, "_ran", False)
+        self._ort.train(self.training)
+
     def reseed(self, seed: int) -> None:
         """Seed ORT's own random generator (dropout masks inside the ORT graph).
 
@@ -304,10 +317,13 @@ def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTraini
     options = options or ORTOptions()
     state = ensure_engine()
     register_symbolics(state, options.opset_version)
+    return ORTTrainingModule(model, _build_ort_module(model, options, state), options, state)
+
+
+def _build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState) -> nn.Module:
     from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
 
-    pythonop = state.pythonop_available and options.enable_custom_autograd
-    _set_custom_autograd(pythonop)
+    _set_custom_autograd(state.pythonop_available and options.enable_custom_autograd)
     debug = DebugOptions(
         log_level=LogLevel[options.log_level],
         save_onnx=options.save_onnx,
@@ -315,5 +331,4 @@ def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTraini
         save_path=options.onnx_dir or "",
     )
     with scoped_environ(environment_for(options)):
-        ort_module = ORTModule(model, debug_options=debug)
-    return ORTTrainingModule(model, ort_module, options, state)
+        return ORTModule(model, debug_options=debug)

@@ -68,6 +68,11 @@ class ORTTrainer(Trainer):
             self.add_callback(InputDensityCallback(print_every=self.args.ort_density_print_every))
         if self.args.ort_memory_callback and MemoryObserverCallback not in present:
             self.add_callback(MemoryObserverCallback())
+        if self.args.use_ort and self.args.ort_memory_budget_mb:
+            from .budget import MemoryBudgetController
+
+            observer = next(cb for cb in self.callback_handler.callbacks if isinstance(cb, MemoryObserverCallback))
+            self.add_callback(MemoryBudgetController(self, self.args.ort_memory_budget_mb, observer))
 
     def _observers(self) -> list[BatchObserver]:
         return [cb for cb in self.callback_handler.callbacks if isinstance(cb, BatchObserver)]

@@ -63,6 +63,13 @@ class ORTTrainingArguments(TrainingArguments):
     ort_memory_callback: bool = field(
         default=True, metadata={"help": "Log peak memory per phase (MemoryObserverCallback)."}
     )
+    ort_memory_budget_mb: float | None = field(
+        default=None,
+        metadata={
+            "help": "Peak memory budget per step (MB: RSS on CPU, allocated on CUDA). ORTTrainer measures the "
+            "first steps and moves to recompute level 1, then 2, until the peak fits (at most two re-exports)."
+        },
+    )
 
     # --- ORTOptions, one flag each (ort_<field>) ---
     ort_log_level: str = field(default="WARNING", metadata={"help": "ORTModule log level: VERBOSE .. FATAL."})
@@ -143,6 +150,10 @@ class ORTTrainingArguments(TrainingArguments):
                     "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
+        if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
+            raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
+        if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
+            raise ValueError("--ort_memory_budget_mb measures with the memory observer: keep --ort_memory_callback on.")
         if self.ort_density_print_every is not None and self.ort_density_print_every < 1:
             raise ValueError(
                 f"--ort_density_print_every must be a positive number of steps, got {self.ort_density_print_every}."
