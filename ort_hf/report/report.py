@@ -11,6 +11,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from .summary import format_value
+
 CHARTS = {
     "loss.png": ("Training loss", [("loss", "loss")]),
     "throughput.png": (
@@ -80,14 +82,6 @@ def summarize(run: Run) -> dict[str, float | None]:
     }
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def _markdown(runs: list[Run], charts: list[str]) -> str:
     summaries = [summarize(r) for r in runs]
     header = "| metric | " + " | ".join(r.name for r in runs)
@@ -95,7 +89,7 @@ def _markdown(runs: list[Run], charts: list[str]) -> str:
         header += f" | {runs[1].name} / {runs[0].name}"
     lines = ["# Training report", "", header + " |", "|---" * (len(runs) + 1 + (len(runs) > 1)) + "|"]
     for key in summaries[0]:
-        row = [_fmt(s[key]) for s in summaries]
+        row = [format_value(s[key]) for s in summaries]
         if len(runs) > 1:
             a, b = summaries[0][key], summaries[1][key]
             ratio = b / a if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else None

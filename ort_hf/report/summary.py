@@ -66,7 +66,8 @@ def write_summary(summary: dict, output_dir: str | Path) -> Path:
     return path
 
 
-def _fmt(value) -> str:
+def format_value(value) -> str:
+    """A table cell: '-' for missing, 4 significant digits for floats."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -78,7 +79,7 @@ def format_summary(summary: dict) -> str:
     label = f"final metric ({summary.get('metric_name')})" if summary.get("metric_name") else "final metric"
     lines = ["", "=== ort_hf run summary ==="]
     for key, name in ROWS:
-        lines.append(f"  {(label if key == 'metric_value' else name):<32} {_fmt(summary.get(key))}")
+        lines.append(f"  {(label if key == 'metric_value' else name):<32} {format_value(summary.get(key))}")
     return "\n".join(lines)
 
 
@@ -88,7 +89,7 @@ def format_comparison(ort: dict, pytorch: dict) -> str:
     for key, name in ROWS[1:]:
         a, b = ort.get(key), pytorch.get(key)
         ratio = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not isinstance(a, bool) else None
-        lines.append(f"  {name:<28} {_fmt(a):>14} {_fmt(b):>14} {(f'{ratio:.2f}x' if ratio else '-'):>12}")
+        lines.append(f"  {name:<28} {format_value(a):>14} {format_value(b):>14} {(f'{ratio:.2f}x' if ratio else '-'):>12}")
     return "\n".join(lines)
 
 

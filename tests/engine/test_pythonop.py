@@ -96,15 +96,20 @@ def _data(n=4):
     return [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(n)]
 
 
-def test_custom_functions_run_as_pythonop_with_parity():
-    torch.manual_seed(0)
-    model = Net()
+def _train_both(model, steps):
+    """(reference losses, reference grads, ORT losses, ORT grads, wrapped) from the same start."""
     reference = copy.deepcopy(model)
     wrapped = wrap_model(model, STRICT)
     wrapped.train()
     data = _data()
-    ref_losses, ref_grads = _steps(reference, list(reference.parameters()), data, 10)
-    losses, grads = _steps(wrapped, list(model.parameters()), data, 10)
+    ref_losses, ref_grads = _steps(reference, list(reference.parameters()), data, steps)
+    losses, grads = _steps(wrapped, list(model.parameters()), data, steps)
+    return ref_losses, ref_grads, losses, grads, wrapped
+
+
+def test_custom_functions_run_as_pythonop_with_parity():
+    torch.manual_seed(0)
+    ref_losses, ref_grads, losses, grads, wrapped = _train_both(Net(), 10)
     status = wrapped.engine_status()
     assert status.backend == "ort" and status.pythonop
     ops = _python_ops(wrapped.training_graph())
@@ -117,13 +122,7 @@ def test_custom_functions_run_as_pythonop_with_parity():
 def test_in_place_custom_function_trains():
     # ORT's as-shipped dirty-tensor check never saw mark_dirty; the port fixes it.
     torch.manual_seed(0)
-    model = Net(in_place=True)
-    reference = copy.deepcopy(model)
-    wrapped = wrap_model(model, STRICT)
-    wrapped.train()
-    data = _data()
-    ref_losses, _ = _steps(reference, list(reference.parameters()), data, 5)
-    losses, _ = _steps(wrapped, list(model.parameters()), data, 5)
+    ref_losses, _, losses, _, wrapped = _train_both(Net(in_place=True), 5)
     assert wrapped.engine_status().backend == "ort"
     # The +1 shifts make these losses large (~1e2): compare relatively.
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
