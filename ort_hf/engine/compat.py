@@ -217,6 +217,21 @@ def _bridge_mem_efficient_grad_device() -> None:
     mgmt.post_processing_enable_mem_efficient_training = post_processing
 
 
+def make_sampler_reusable(sampler) -> None:
+    """ORT 1.19.2 bug: LoadBalancingDistributedSampler tests ``if not self.sample_complexities``
+    on the numpy array it cached, so its second use (``set_epoch`` for the next epoch) raises
+    "truth value of an array ... is ambiguous". Give the cached array a plain truth value.
+    Can go with ORTModule."""
+    import numpy as np
+
+    class _Complexities(np.ndarray):
+        def __bool__(self) -> bool:
+            return self.size > 0
+
+    if isinstance(sampler.sample_complexities, np.ndarray):
+        sampler.sample_complexities = sampler.sample_complexities.view(_Complexities)
+
+
 def apply_ort_bridges() -> None:
     """Bridges applied to ORT's own modules right after they import."""
     global _ort_done

@@ -259,6 +259,16 @@ class ORTTrainer(Trainer):
             return "ORT's PythonOp extension is unavailable (see `ort-hf doctor`)."
         return "ORT did not rewrite the loss; run with --ort_save_onnx and inspect the graph."
 
+    # --- data ------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        if not (self.args.use_ort and self.args.ort_load_balancing_sampler):
+            return super()._get_train_sampler(train_dataset)
+        from ..engine.sampler import LoadBalancingBatchSampler
+
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return LoadBalancingBatchSampler(dataset, self.args.per_device_train_batch_size, self.args.world_size,
+                                         self.args.process_index, self.args.seed)
+
     # --- optimizer -------------------------------------------------------------------------
     @staticmethod
     def get_optimizer_cls_and_kwargs(args: TrainingArguments, model=None):
