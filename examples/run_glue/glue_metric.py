@@ -3,9 +3,10 @@
 ``evaluate``'s glue module computes accuracy as ``(preds == labels).mean()``, F1 with
 ``sklearn.metrics.f1_score`` (binary, positive label 1), Matthews correlation with
 ``sklearn.metrics.matthews_corrcoef`` and Pearson / Spearman with ``scipy.stats``. The same
-formulas are written out here so the script scores identically offline, needing neither the
-hub nor sklearn / scipy. Inputs are cast as the module's features cast them (int64, or
-float32 for STS-B) before the formulas run.
+formulas are written out here, step for step as sklearn / scipy compute them, so the script
+scores identically offline (bit for bit, checked against evaluate's glue module with
+sklearn 1.9 / scipy 1.17), needing neither the hub nor sklearn / scipy. Inputs are cast as the
+module's features cast them (int64, or float32 for STS-B) before the formulas run.
 """
 
 from __future__ import annotations
@@ -51,13 +52,20 @@ def matthews_correlation(labels, preds) -> float:
 
 
 def pearson(x, y) -> float:
-    """Pearson's r; NaN when either input is constant (scipy warns and returns NaN too)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    xm, ym = x - x.mean(), y - y.mean()
-    norm_x, norm_y = np.linalg.norm(xm), np.linalg.norm(ym)
-    if norm_x == 0 or norm_y == 0:
+    """Pearson's r, computed in the inputs' float precision with scipy's steps (centre, scale by
+    the largest deviation, normalise, dot), so float32 inputs give scipy's float32 result.
+    NaN when either input is constant (scipy warns and returns NaN too)."""
+    x, y = np.asarray(x), np.asarray(y)
+    dtype = np.result_type(x.dtype, y.dtype)
+    dtype = dtype if np.issubdtype(dtype, np.floating) else np.float64  # integers: float64, as scipy
+    x, y = x.astype(dtype), y.astype(dtype)
+    xm, ym = x - x.mean(keepdims=True), y - y.mean(keepdims=True)
+    xmax, ymax = np.abs(xm).max(), np.abs(ym).max()
+    if xmax == 0 or ymax == 0:
         return float("nan")
-    return float(np.clip(np.dot(xm / norm_x, ym / norm_y), -1.0, 1.0))
+    norm_x = xmax * np.linalg.norm(xm / xmax, ord=2, axis=-1)  # with axis: scipy's summation order
+    norm_y = ymax * np.linalg.norm(ym / ymax, ord=2, axis=-1)
+    return float(np.clip(np.vecdot(xm / norm_x, ym / norm_y), -1.0, 1.0))
 
 
 def average_ranks(values) -> np.ndarray:
@@ -75,7 +83,12 @@ def average_ranks(values) -> np.ndarray:
 
 
 def spearman(x, y) -> float:
-    return pearson(average_ranks(x), average_ranks(y))
+    """Pearson's r of the average ranks, through np.corrcoef as scipy.stats.spearmanr computes it."""
+    x, y = np.asarray(x), np.asarray(y)
+    if (x == x[0]).all() or (y == y[0]).all():
+        return float("nan")
+    ranks = np.column_stack([average_ranks(x), average_ranks(y)])
+    return float(np.corrcoef(ranks, rowvar=False)[1, 0])
 
 
 def compute(task: str, predictions, references) -> dict[str, float]:

@@ -41,6 +41,12 @@ class ModelArguments:
     model_revision: str = field(default="main", metadata={"help": "Model version: branch, tag or commit id."})
     token: str | None = field(default=None, metadata={"help": "Hub token for private models (default: the logged-in one)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the hub repository."})
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Config values to override, e.g. 'hidden_dropout_prob=0,attention_probs_dropout_prob=0' "
+                  "(dropout off: ORT and PyTorch draw different dropout masks, so only then do their runs "
+                  "compute the same function)."},
+    )
     ignore_mismatched_sizes: bool = field(
         default=False, metadata={"help": "Load a checkpoint whose classifier head has another number of labels."}
     )
@@ -131,10 +137,10 @@ def label_setup(raw, task: GlueTask | None):
     """(is_regression, label names) of the task, or inferred from the training file's labels."""
     if task is not None:
         return task.is_regression, list(task.label_names or [])
-    first = raw["train"] if "train" in raw else next(iter(raw.values()))
-    if first.features["label"].dtype in ("float32", "float64"):
+    labelled = raw["train"] if "train" in raw else next(iter(raw.values()))
+    if labelled.features["label"].dtype in ("float32", "float64"):
         return True, []
-    return False, sorted(set(first.unique("label")))
+    return False, sorted(set(labelled.unique("label")))
 
 
 def text_keys(raw, task: GlueTask | None) -> tuple[str, ...]:
@@ -181,15 +187,20 @@ def tokenize(raw, tokenizer, keys, label_to_id, data_args, training_args):
             result["label"] = [label_to_id[label] if label != -1 else -1 for label in examples["label"]]
         return result
 
+    from datasets import DatasetDict
+
     with training_args.main_process_first(desc="dataset map pre-processing"):
-        return raw.map(
-            preprocess,
-            batched=True,
-            num_proc=data_args.preprocessing_num_workers,
-            load_from_cache_file=not data_args.overwrite_cache,
-            remove_columns=[c for c in next(iter(raw.values())).column_names if c != "label"],
-            desc="Tokenizing",
-        )
+        return DatasetDict({
+            split: dataset.map(
+                preprocess,
+                batched=True,
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+                remove_columns=[c for c in dataset.column_names if c != "label"],  # splits may differ (test: no label)
+                desc=f"Tokenizing {split}",
+            )
+            for split, dataset in raw.items()
+        })
 
 
 def first(dataset, limit: int | None):
@@ -213,8 +224,12 @@ def load_glue_metric(task_name: str, cache_dir: str | None = None):
             evaluate.config.HF_EVALUATE_OFFLINE = True  # in case evaluate was imported before the env was set
         metric = evaluate.load("glue", task_name, cache_dir=cache_dir)
     except Exception as exc:  # any failure to load means: score locally, with the same formulas
-        logger.warning("GLUE metric: evaluate.load('glue', %r) unavailable (%s); using glue_metric.py (same formulas).",
-                       task_name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if offline and isinstance(exc, FileNotFoundError):
+            reason = "the hub is offline and evaluate's module cache has no glue"
+        else:
+            reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        logger.warning("GLUE metric: evaluate.load('glue', %r) failed (%s); scoring with glue_metric.py, the same formulas.",
+                       task_name, reason)
         return LocalGlueMetric(task_name)
     logger.info("GLUE metric: evaluate.load('glue', %r)", task_name)
     return metric
@@ -266,9 +281,6 @@ def main(argv: list[str] | None = None) -> int:
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
-        training_args.do_train = training_args.do_eval = True  # the run this example exists for
-
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
                         handlers=[logging.StreamHandler(sys.stdout)])
     log_level = training_args.get_process_log_level()
@@ -277,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     logger.info("engine: %s; %s", "ORT" if training_args.use_ort else "PyTorch", training_args.output_dir)
+    if not training_args.do_train:
+        # As in HF run_glue, nothing trains without --do_train (--eval_strategy alone turns on do_eval).
+        logger.warning("no --do_train: nothing is trained%s.", ", the model is evaluated as loaded" if training_args.do_eval else "")
 
     set_seed(training_args.seed)  # before the model: the new classifier head is the same for every engine
     task = GLUE_TASKS.get(data_args.task_name)
@@ -288,19 +303,28 @@ def main(argv: list[str] | None = None) -> int:
            "trust_remote_code": model_args.trust_remote_code}
     config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
                                         num_labels=num_labels, finetuning_task=data_args.task_name, **hub)
+    if model_args.config_overrides:
+        config.update_from_string(model_args.config_overrides)
+        logger.info("config overrides: %s", model_args.config_overrides)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
                                               use_fast=model_args.use_fast_tokenizer, **hub)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_args.model_name_or_path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **hub
     )
     label_to_id = None if is_regression else align_labels(model, label_list, task)
+    # The first N examples are selected before tokenizing (same result as after; much faster on SST-2).
+    limits = {"train": data_args.max_train_samples, "test": data_args.max_predict_samples,
+              "test_matched": data_args.max_predict_samples, "test_mismatched": data_args.max_predict_samples}
+    raw = datasets.DatasetDict({s: first(d, limits.get(s, data_args.max_eval_samples)) for s, d in raw.items()})
     encoded = tokenize(raw, tokenizer, text_keys(raw, task), label_to_id, data_args, training_args)
 
-    train_dataset = first(encoded["train"], data_args.max_train_samples) if training_args.do_train else None
-    eval_splits = (task.dev_splits if task else ("validation",)) if training_args.do_eval else ()
-    eval_datasets = {s: first(encoded[s], data_args.max_eval_samples) for s in eval_splits}
-    if training_args.do_train and train_dataset is None:
-        raise ValueError("--do_train needs a train split")
+    dev_splits = task.dev_splits if task and task.dev_splits[0] in encoded else ("validation",)  # files: "validation"
+    eval_splits = dev_splits if training_args.do_eval else ()
+    for split in ("train",) * training_args.do_train + eval_splits:
+        if split not in encoded:
+            raise ValueError(f"--do_{'train' if split == 'train' else 'eval'} needs a {split} split; the data has {list(encoded)}.")
+    train_dataset = encoded["train"] if training_args.do_train else None
+    eval_datasets = {s: encoded[s] for s in eval_splits}
 
     if data_args.pad_to_max_length:
         collator = default_data_collator
@@ -340,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_metrics.update(metrics)
 
     if training_args.do_predict:
-        predict(trainer, encoded, task, data_args, is_regression, label_list, training_args.output_dir)
+        predict(trainer, encoded, data_args, is_regression, training_args.output_dir)
 
     if training_args.do_train:
         summary = run_summary(trainer, train_metrics, eval_metrics, main_metric(task, is_regression))
@@ -349,23 +373,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def predict(trainer, encoded, task, data_args, is_regression, label_list, output_dir) -> None:
-    """predict_results_<task>.txt per test split (index, prediction), as HF run_glue writes them."""
+def predict(trainer, encoded, data_args, is_regression, output_dir) -> None:
+    """predict_results_<task>[_mm].txt per test split (index, prediction), as HF run_glue writes them."""
     import numpy as np
 
-    splits = ("test_matched", "test_mismatched") if data_args.task_name == "mnli" else ("test",)
+    splits = [s for s in ("test", "test_matched", "test_mismatched") if s in encoded]
+    if not splits:
+        raise ValueError(f"--do_predict needs a test split (test.tsv, or --test_file); the data has {list(encoded)}.")
+    id2label = trainer.model.config.id2label
     for split in splits:
-        dataset = first(encoded[split], data_args.max_predict_samples)
+        dataset = encoded[split]
         if "label" in dataset.column_names:
             dataset = dataset.remove_columns("label")  # test labels are -1 placeholders
         preds = trainer.predict(dataset, metric_key_prefix="predict").predictions
+        preds = preds[0] if isinstance(preds, tuple) else preds
         preds = np.squeeze(preds) if is_regression else np.argmax(preds, axis=1)
         name = f"predict_results_{data_args.task_name or 'custom'}{'_mm' if split == 'test_mismatched' else ''}.txt"
         if trainer.is_world_process_zero():
             with open(Path(output_dir) / name, "w") as f:
                 f.write("index\tprediction\n")
-                for i, p in enumerate(preds):
-                    f.write(f"{i}\t{p:.3f}\n" if is_regression else f"{i}\t{label_list[int(p)]}\n")
+                for i, p in enumerate(np.atleast_1d(preds)):
+                    f.write(f"{i}\t{p:.3f}\n" if is_regression else f"{i}\t{id2label[int(p)]}\n")
 
 
 if __name__ == "__main__":

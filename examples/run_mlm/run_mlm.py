@@ -5,10 +5,12 @@ Same arguments and semantics as Hugging Face's run_mlm example, plus every ORTTr
 flag (``--use_ort false`` trains the same script in plain PyTorch), ``--export_onnx DIR`` and
 ``--compare`` (runs the script through ORT and through PyTorch and prints both summaries).
 
-    python run_mlm.py --model_name_or_path <model dir> \
-        --train_file ../../../shared/data/wikitext-2-raw/wiki.test.raw \
-        --validation_file ../../../shared/data/wikitext-2-raw/wiki.valid.raw \
+    python examples/run_mlm/run_mlm.py --model_name_or_path <model dir> \
+        --train_file ../shared/data/wikitext-2-raw/wiki.test.raw \
+        --validation_file ../shared/data/wikitext-2-raw/wiki.valid.raw \
         --do_train --do_eval --max_seq_length 128 --output_dir /tmp/mlm
+
+See README.md next to this file for the measured ORT vs PyTorch comparison.
 
 ModuleWithLoss stays on (the ORTTrainingArguments default): the MLM loss then runs through an
 ``nn.CrossEntropyLoss`` inside the ORT graph and ORT's label sparsity computes the LM head on

@@ -1,0 +1,134 @@
+"""``ort-hf bench``: arguments, conditions of the run, and the outputs in ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from .spec import BASELINE, VARIANTS, WORKLOADS, BenchSettings, default_data_dir
+
+
+def _names(choices):
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return names
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="outputs/bench", help="folder for bench.md, bench.json, bench.png, runs/, logs/")
+    parser.add_argument("--workloads", type=_names(list(WORKLOADS)), default=list(WORKLOADS),
+                        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--variants", type=_names(list(VARIANTS)), default=list(VARIANTS),
+                        help=f"comma-separated, from {', '.join(VARIANTS)} (default: all; '{BASELINE}' is added "
+                        "as the baseline)")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh-process repeats of every variant (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps per run")
+    parser.add_argument("--warmup_steps", type=int, default=3, help="steps before measuring (export, compile)")
+    parser.add_argument("--batch_size", type=int, default=None, help="default: 16 (mlm, sst2), 8 (clm)")
+    parser.add_argument("--seq_len", type=int, default=None, help="default: 128 (mlm, sst2), 256 (clm)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="OMP_NUM_THREADS and torch threads, the same for every variant (default: all cores)")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout set in the model config (default 0 so loss curves compare across engines; "
+                        "negative keeps the model's)")
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument("--model_dir", default=None, help="a HF model folder (default: the packaged MiniLM)")
+    parser.add_argument("--train_file", default=None,
+                        help="text file (mlm, clm) or CSV/TSV with sentence,label (classification)")
+    parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a worker is stopped")
+
+
+def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_before, results) -> dict:
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    command = "ort-hf bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:]))
+    return {
+        "command": command.strip(),
+        "date": datetime.datetime.now().isoformat(timespec="minutes"),
+        "machine": f"{os.cpu_count()} CPUs ({cpu}), {platform.system()} {platform.release()}",
+        "tree": _git_revision(),
+        "versions": (f"Python {platform.python_version()}, torch {version('torch')}, transformers "
+                     f"{version('transformers')}, onnxruntime-training-cpu {version('onnxruntime-training-cpu')}"),
+        "threads": (f"OMP_NUM_THREADS={settings.threads}, MKL_NUM_THREADS={settings.threads}, "
+                    f"torch.set_num_threads({settings.threads}) in every worker; ORT's intra-op pool at its "
+                    "default (one thread per core)"),
+        "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps} measured steps, "
+                     f"batch {settings.batch_size or 'workload default'}, seq {settings.seq_len or 'workload default'}, "
+                     f"dropout {'model default' if settings.dropout is None else settings.dropout}, "
+                     f"lr {settings.learning_rate}, seed {settings.seed}, model {settings.model_dir or 'packaged MiniLM'}"),
+        "load average (1/5/15 min) at start": " ".join(f"{x:.2f}" for x in load_before),
+        "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "1-min load when each worker started (min / median / max)": _spread(
+            [r["load_1min_at_start"] for r in results if "load_1min_at_start" in r]),
+    }
+
+
+def _git_revision() -> str:
+    """The checkout the workers imported (``+dirty`` with local edits), or ``unknown``."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "ort_hf"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{'+dirty' if dirty else ''}" if head else "unknown"
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "–"
+    ordered = sorted(values)
+    return f"{ordered[0]:.2f} / {ordered[len(ordered) // 2]:.2f} / {ordered[-1]:.2f}"
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from .render import bar_chart, markdown, write_json
+    from .runner import run_all
+    from .summary import summarize, targets
+
+    settings = BenchSettings(
+        steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size, seq_len=args.seq_len,
+        threads=args.threads, dropout=None if args.dropout < 0 else args.dropout, learning_rate=args.learning_rate,
+        model_dir=args.model_dir, train_file=args.train_file, data_dir=args.data_dir,
+    )
+    variants = [BASELINE] + [v for v in args.variants if v != BASELINE]  # ratios need the baseline
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    print(f"ort-hf bench: load average {load_before[0]:.2f} (a busy machine skews the numbers); "
+          f"workers run one at a time, logs in {out / 'logs'}", flush=True)
+    results = run_all(args.workloads, variants, args.rounds, settings, out, args.timeout,
+                      echo=lambda line: print(line, flush=True))
+    rows = summarize(results)
+    goals = targets(rows)
+    conditions = _conditions(args, settings, argv, load_before, results)
+    text = markdown(rows, goals, conditions)
+    (out / "bench.md").write_text(text)
+    write_json(out / "bench.json", rows, goals, conditions, results)
+    if any(r["status"] == "ok" for r in rows):
+        bar_chart(out / "bench.png", rows)
+    print(text)
+    print(f"ort-hf bench: wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
+    return 0 if any(r["status"] == "ok" for r in rows) else 1

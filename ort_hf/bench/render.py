@@ -1,0 +1,99 @@
+"""The benchmark's outputs: a markdown table, a JSON file and a PNG bar chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .spec import BASELINE
+
+
+def _f(value, fmt="{:.2f}", missing="–"):
+    return missing if value is None else fmt.format(value)
+
+
+def _row_cells(r: dict) -> list[str]:
+    if r["status"] != "ok":
+        return [r["workload"], r["variant"], r["status"].upper(), r.get("reason", "")] + [""] * 8
+    speed = _f(r.get("speedup"), "{:.2f}x")
+    if "speedup_min" in r and r["rounds_ok"] > 1:
+        speed += f" ({r['speedup_min']:.2f}–{r['speedup_max']:.2f})"
+    loss = f"{r['final_loss']:.4f} @{r['final_step']}"
+    diff = "baseline" if r["variant"] == BASELINE else _f(r.get("final_loss_rel_diff"), "{:+.1e}")
+    if r["variant"] != BASELINE and "curve_max_rel_diff" in r:
+        diff += f" (curve max {r['curve_max_rel_diff']:.1e})"
+    failed = f" ({r['rounds_failed']} failed)" if r["rounds_failed"] else ""
+    return [
+        r["workload"], r["variant"], r["engine"] + failed,
+        f"{r['samples_per_s']:.2f} ({r['samples_per_s_min']:.2f}–{r['samples_per_s_max']:.2f})",
+        speed,
+        f"{r['tokens_per_s']:.0f}",
+        f"{r['step_median_ms']:.0f} [{r['step_p25_ms']:.0f}–{r['step_p75_ms']:.0f}]",
+        f"{_f(r['run_peak_mb'], '{:.0f}')} / {_f(r['steady_peak_mb'], '{:.0f}')}",
+        f"{_f(r['export_s'], '{:.1f}')} / {_f(r['ort_init_s'], '{:.1f}')}",
+        _f(r["first_step_s"], "{:.1f}"),
+        loss,
+        diff,
+    ]
+
+
+HEADER = ["workload", "variant", "engine", "samples/s median (min–max)", "vs eager (per-round range)",
+          "non-pad tokens/s", "step ms median [IQR]", "peak RSS MB run / steady", "export s / ORT init s",
+          "first step s", "final loss @step", "loss rel. diff vs eager"]
+
+
+def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
+    lines = ["# ort-hf bench", ""]
+    lines += [f"- {key}: {value}" for key, value in conditions.items()]
+    lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(_row_cells(r)) + " |" for r in rows]
+    lines += ["", "Columns: samples/s and tokens/s are over the measured steps (warm-up and export "
+              "excluded), median over rounds; the ratio is to eager's median in this invocation, the range "
+              "its per-round paired ratios. Step time pools all measured steps of all rounds. Run peak = "
+              "memory/run_peak_mb (whole run, export step included); steady = the largest per-step peak "
+              "after warm-up. Export = ort/export_s; ORT init = export + session build, as ORTModule prints it."]
+    if targets:
+        lines += ["", "| target | measured | met |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in targets]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: Path, rows: list[dict], targets: list[dict], conditions: dict, results: list[dict]) -> None:
+    path.write_text(json.dumps({"conditions": conditions, "rows": rows, "targets": targets, "runs": results},
+                               indent=1))
+
+
+def bar_chart(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(1, len(variants))
+    panels = (("speedup", "samples/s vs eager (x)"), ("run_peak_mb", "peak RSS (MB)"))
+    for ax, (key, title) in zip(axes, panels):
+        for j, variant in enumerate(variants):
+            xs, ys, errs = [], [], [[], []]
+            for i, workload in enumerate(workloads):
+                r = next((r for r in ok if r["workload"] == workload and r["variant"] == variant), None)
+                if r is None or r.get(key) is None:
+                    continue
+                xs.append(i + (j - (len(variants) - 1) / 2) * width)
+                ys.append(r[key])
+                low, high = (r.get("speedup_min", r[key]), r.get("speedup_max", r[key])) if key == "speedup" \
+                    else (r[key], r[key])
+                errs[0].append(max(0.0, r[key] - low))
+                errs[1].append(max(0.0, high - r[key]))
+            ax.bar(xs, ys, width, label=variant, yerr=errs if key == "speedup" else None, capsize=2)
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_title(title)
+        if key == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""What a benchmark run is made of: workloads, variants, and the settings shared by all workers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BASELINE = "eager"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    task: str  # "mlm", "cls" or "clm"
+    seq_len: int
+    batch_size: int
+    padding: str  # "none" (packed chunks), "max_length" or "dynamic"
+    about: str
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload("mlm", "mlm", 128, 16, "none", "WikiText-2 in 128-token chunks, 15% masking, BertForMaskedLM"),
+        Workload("sst2-padded", "cls", 128, 16, "max_length", "SST-2 classification, every row padded to 128"),
+        Workload("sst2-dynamic", "cls", 128, 16, "dynamic", "SST-2 classification, padded to the longest row"),
+        Workload("clm", "clm", 256, 8, "none", "tiny Llama built in code, 256-token WikiText-2 chunks"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    use_ort: bool
+    about: str
+    torch_compile: bool = False
+    memory_opt_level: int = 0
+    tasks: tuple[str, ...] = ("mlm", "cls", "clm")
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant(BASELINE, False, "HF Trainer path in PyTorch, SDPA attention (use_ort=False): the baseline"),
+        Variant("compile", False, "torch.compile (torch_compile=True, use_ort=False)", torch_compile=True),
+        Variant("masked-head", False, "PyTorch, LM head and loss on the masked positions only (hand-written)",
+                tasks=("mlm",)),
+        Variant("ort", True, "ORTTrainer defaults (ORTModule, ModuleWithLoss, label sparsity)"),
+        Variant("ort-recompute", True, "ORTTrainer with ort_memory_opt_level=1 (layer-wise recompute)",
+                memory_opt_level=1),
+    )
+}
+
+
+def default_data_dir() -> Path:
+    """``../shared/data`` next to the project checkout (``/work/shared/data`` here)."""
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@dataclass
+class BenchSettings:
+    """Settings every worker of one invocation shares (``None`` = the workload's default)."""
+
+    steps: int = 20
+    warmup_steps: int = 3
+    batch_size: int | None = None
+    seq_len: int | None = None
+    threads: int = 2
+    dropout: float | None = 0.0  # 0: loss curves comparable across engines; None keeps the model's
+    learning_rate: float = 1e-4
+    seed: int = 0
+    model_dir: str | None = None
+    train_file: str | None = None
+    data_dir: str = field(default_factory=lambda: str(default_data_dir()))
+
+    def batch_for(self, workload: Workload) -> int:
+        return self.batch_size or workload.batch_size
+
+    def seq_for(self, workload: Workload) -> int:
+        return self.seq_len or workload.seq_len
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def applies(variant: Variant, workload: Workload) -> bool:
+    return workload.task in variant.tasks

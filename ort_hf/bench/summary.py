@@ -1,0 +1,125 @@
+"""From worker results to one row per (workload, variant), with ratios to the baseline measured
+in the same invocation, loss agreement, and the project's targets."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from .spec import BASELINE
+from .stats import quantile
+
+MINILM_WORKLOADS = ("mlm", "sst2-padded", "sst2-dynamic")
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _loss_at(losses: list, step: int) -> float | None:
+    return next((loss for s, loss in losses if s == step), None)
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        if r.get("variant") is not None:
+            groups[(r["workload"], r["variant"])].append(r)
+    rows = [_row(workload, variant, runs) for (workload, variant), runs in groups.items()]
+    base = {row["workload"]: row for row in rows if row["variant"] == BASELINE and row["status"] == "ok"}
+    base_runs = {(r["workload"], r["round"]): r for r in results
+                 if r.get("variant") == BASELINE and r["status"] == "ok"}
+    for row in rows:
+        _compare(row, base.get(row["workload"]), groups[(row["workload"], row["variant"])], base_runs)
+    return rows
+
+
+def _row(workload: str, variant: str, runs: list[dict]) -> dict:
+    ok = [r for r in runs if r["status"] == "ok"]
+    row = {"workload": workload, "variant": variant, "rounds_ok": len(ok), "rounds_failed": len(runs) - len(ok),
+           "status": "ok" if ok else runs[0]["status"]}
+    failed = [r for r in runs if r["status"] != "ok"]
+    if failed:
+        row["reason"] = failed[0]["reason"]
+    if not ok:
+        return row
+    steps = [t for r in ok for t in r["step_times_s"]]
+    first = ok[0]
+    row.update(
+        engine="/".join(sorted({r["engine"] for r in ok})),
+        samples_per_s=_median([r["samples_per_s"] for r in ok]),
+        samples_per_s_min=min(r["samples_per_s"] for r in ok),
+        samples_per_s_max=max(r["samples_per_s"] for r in ok),
+        tokens_per_s=_median([r["tokens_per_s"] for r in ok]),
+        step_median_ms=1000 * statistics.median(steps),
+        step_p25_ms=1000 * quantile(steps, 0.25),
+        step_p75_ms=1000 * quantile(steps, 0.75),
+        step_min_ms=1000 * min(steps),
+        step_max_ms=1000 * max(steps),
+        run_peak_mb=_median([r.get("run_peak_mb") for r in ok]),
+        steady_peak_mb=_median([r.get("steady_peak_mb") for r in ok]),
+        export_s=_median([r.get("export_s") for r in ok]),
+        ort_init_s=_median([r.get("ort_init_s") for r in ok]),
+        first_step_s=_median([r.get("first_step_s") for r in ok]),
+        label_sparsity=first.get("label_sparsity"),
+        final_step=first["final_step"],
+        final_loss=first["final_loss"],
+        # Same seed, same batches: every round of a variant should give the same losses.
+        final_loss_spread=max(r["final_loss"] for r in ok) - min(r["final_loss"] for r in ok),
+        losses=first["losses"],
+    )
+    return row
+
+
+def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: dict) -> None:
+    if row["status"] != "ok" or base is None:
+        return
+    row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
+    # Paired per round: each round ran every variant back to back.
+    paired = [r["samples_per_s"] / base_runs[(r["workload"], r["round"])]["samples_per_s"]
+              for r in runs if r["status"] == "ok" and (r["workload"], r["round"]) in base_runs]
+    if paired:
+        row["speedup_min"], row["speedup_max"] = min(paired), max(paired)
+    if row["run_peak_mb"] and base["run_peak_mb"]:
+        row["memory_ratio"] = row["run_peak_mb"] / base["run_peak_mb"]
+    ref = _loss_at(base["losses"], row["final_step"])
+    if ref:
+        row["final_loss_rel_diff"] = (row["final_loss"] - ref) / abs(ref)
+    diffs = [abs(loss - b) / abs(b) for s, loss in row["losses"] if (b := _loss_at(base["losses"], s))]
+    if diffs:
+        row["curve_max_rel_diff"] = max(diffs)
+
+
+def _get(rows, workload, variant):
+    return next((r for r in rows if r["workload"] == workload and r["variant"] == variant and r["status"] == "ok"),
+                None)
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """The project's targets that this invocation measured: target, measured, met."""
+    out = []
+
+    def add(target, measured, met):
+        out.append({"target": target, "measured": measured, "met": bool(met)})
+
+    for workload, goal in (("mlm", 2.0), ("sst2-padded", 1.5), ("sst2-dynamic", 1.0)):
+        ort = _get(rows, workload, "ort")
+        if ort and "speedup" in ort:
+            add(f"{workload}: ort >= {goal:.1f}x eager samples/s", f"{ort['speedup']:.2f}x", ort["speedup"] >= goal)
+    ort, masked = _get(rows, "mlm", "ort"), _get(rows, "mlm", "masked-head")
+    if ort and masked:
+        ratio = ort["samples_per_s"] / masked["samples_per_s"]
+        add("mlm: ort not slower than masked-head", f"{ratio:.2f}x masked-head", ratio >= 1.0)
+    for workload in MINILM_WORKLOADS:
+        ort = _get(rows, workload, "ort")
+        if ort and ort.get("ort_init_s") is not None:
+            add(f"{workload}: ORT export + session (MiniLM) <= 5 s",
+                f"{ort['ort_init_s']:.1f} s (export {ort['export_s']:.1f} s)", ort["ort_init_s"] <= 5.0)
+    worst = [r for r in rows if "final_loss_rel_diff" in r and r["variant"] != BASELINE]
+    if worst:
+        w = max(worst, key=lambda r: abs(r["final_loss_rel_diff"]))
+        add("final loss within 1% of eager at the same step (all variants)",
+            f"worst {abs(w['final_loss_rel_diff']):.1e} relative ({w['workload']} / {w['variant']})",
+            abs(w["final_loss_rel_diff"]) <= 0.01)
+    return out

@@ -1,0 +1,156 @@
+"""One benchmark run in a fresh process: ``python -m ort_hf.bench.worker --workload W --variant V
+--result out.json [settings]``. Trains ``warmup_steps + steps`` steps through ORTTrainer and
+writes what it measured (or why it failed) as JSON. The runner starts one at a time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import fields
+from pathlib import Path
+
+from .spec import VARIANTS, WORKLOADS, BenchSettings, Variant, Workload
+
+
+def settings_argv(settings: BenchSettings) -> list[str]:
+    """The worker flags that reproduce ``settings`` (``none`` stands for None)."""
+    argv = []
+    for f in fields(BenchSettings):
+        value = getattr(settings, f.name)
+        argv += [f"--{f.name}", "none" if value is None else str(value)]
+    return argv
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ort_hf.bench.worker", description=__doc__)
+    parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    parser.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    parser.add_argument("--result", required=True, help="where to write the JSON result")
+    parser.add_argument("--round", type=int, default=0)
+    types = {"int": int, "float": float, "str": str}
+    for f in fields(BenchSettings):
+        kind = str(f.type).split(" |")[0]
+        parser.add_argument(f"--{f.name}", type=_optional(types.get(kind, str)), default=argparse.SUPPRESS)
+    return parser
+
+
+def _settings(ns: argparse.Namespace) -> BenchSettings:
+    given = {f.name: getattr(ns, f.name) for f in fields(BenchSettings) if hasattr(ns, f.name)}
+    return BenchSettings(**given)
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:400] if lines else ''}".strip()
+
+
+def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
+    import torch
+
+    torch.set_num_threads(settings.threads)
+    from .data import DataMissing, build_dataset, collator_for
+    from .models import build_model, load_tokenizer
+
+    tokenizer = load_tokenizer(settings)
+    try:
+        dataset = build_dataset(workload, settings, tokenizer)
+    except DataMissing as exc:
+        return {"status": "skipped", "reason": str(exc)}
+    model = build_model(workload, settings, tokenizer, masked_head=variant.name == "masked-head")
+    return _train(workload, variant, settings, model, dataset, collator_for(workload, tokenizer))
+
+
+def _train(workload, variant, settings, model, dataset, collate) -> dict:
+    import torch
+
+    from ..trainer import ORTTrainer, ORTTrainingArguments
+    from .stats import step_stats
+    from .timing import CountingCollator, StepTimer
+
+    timer, counter = StepTimer(), CountingCollator(collate)
+    with tempfile.TemporaryDirectory(prefix="ort-hf-bench-") as out:
+        args = ORTTrainingArguments(
+            output_dir=out, max_steps=settings.warmup_steps + settings.steps,
+            per_device_train_batch_size=settings.batch_for(workload), learning_rate=settings.learning_rate,
+            logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=settings.seed,
+            dataloader_num_workers=0, use_ort=variant.use_ort, torch_compile=variant.torch_compile,
+            ort_memory_opt_level=variant.memory_opt_level,
+            ort_fallback="disable",  # never measure PyTorch while calling it ORT
+        )
+        trainer = ORTTrainer(model=model, args=args, train_dataset=dataset, data_collator=counter, callbacks=[timer])
+        try:
+            trainer.train()
+        except Exception as exc:  # a failed variant is a result, not a crash of the harness
+            traceback.print_exc()
+            return {"status": "failed", "reason": _reason(exc)}
+        history = trainer.state.log_history
+    warm = settings.warmup_steps
+    seconds = timer.seconds[warm:]
+    batches = counter.batches[warm : warm + len(seconds)]
+    total = sum(seconds)
+    status = trainer.ort_engine_status()
+    engine = status.backend if status is not None else ("torch.compile" if variant.torch_compile else "pytorch")
+    losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
+
+    def last(key):
+        values = [h[key] for h in history if key in h]
+        return values[-1] if values else None
+
+    steady = [h["memory/peak_mb"] for h in history if "memory/peak_mb" in h and h["step"] > warm]
+    return {
+        "status": "ok",
+        "engine": engine,
+        "fallback_reason": status.fallback_reason if status is not None else None,
+        "measured_steps": len(seconds),
+        "warmup_s": timer.seconds[:warm],
+        "step_times_s": seconds,
+        "samples": sum(b[0] for b in batches),
+        "non_padding_tokens": sum(b[1] for b in batches),
+        "samples_per_s": sum(b[0] for b in batches) / total,
+        "tokens_per_s": sum(b[1] for b in batches) / total,
+        **step_stats(seconds),
+        "run_peak_mb": last("memory/run_peak_mb"),
+        "steady_peak_mb": max(steady) if steady else None,
+        "export_s": last("ort/export_s"),
+        "first_step_s": last("ort/first_step_s"),
+        "label_sparsity": last("ort/label_sparsity"),
+        "losses": losses,
+        "final_step": losses[-1][0] if losses else None,
+        "final_loss": losses[-1][1] if losses else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    settings = _settings(ns)
+    workload, variant = WORKLOADS[ns.workload], VARIANTS[ns.variant]
+    started = time.perf_counter()
+    try:
+        result = run(workload, variant, settings)
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"status": "failed", "reason": _reason(exc)}
+    result.update(
+        workload=workload.name, variant=variant.name, round=ns.round, wall_s=time.perf_counter() - started,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"), settings=settings.as_dict(),
+    )
+    Path(ns.result).parent.mkdir(parents=True, exist_ok=True)
+    Path(ns.result).write_text(json.dumps(result, indent=1))
+    return 0 if result["status"] != "failed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""`ort-hf bench` mechanics on a tiny run: fresh worker processes, the JSON, the markdown table,
+the chart, and the ORT variant really ran ORT. No timing is asserted (benchmarks are not tests)."""
+
+import csv
+import json
+
+import pytest
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from ort_hf.cli import main
+
+ROW_KEYS = {
+    "workload", "variant", "engine", "samples_per_s", "tokens_per_s", "step_median_ms", "step_p25_ms",
+    "step_p75_ms", "run_peak_mb", "export_s", "first_step_s", "final_step", "final_loss", "speedup",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(minilm_dir, tmp_path_factory):
+    """A 2-layer BERT with the MiniLM tokenizer: the --model_dir path, and a short run."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys):
+    train = tmp_path / "train.csv"
+    rows = ["good film", "a dull , tedious mess", "wonderful acting and a clever plot", "bad", "fine", "awful"]
+    with open(train, "w", newline="") as f:
+        csv.writer(f).writerows([("sentence", "label"), *((s, i % 2) for i, s in enumerate(rows))])
+    out = tmp_path / "bench"
+    code = main(["bench", "--out", str(out), "--workloads", "sst2-dynamic,mlm", "--variants", "eager,ort",
+                 "--rounds", "1", "--steps", "3", "--warmup_steps", "1", "--batch_size", "2", "--seq_len", "32",
+                 "--model_dir", str(tiny_model_dir), "--train_file", str(train)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "skipping workload mlm" in printed  # a CSV is no text for MLM: skipped, said so, no crash
+
+    report = json.loads((out / "bench.json").read_text())
+    rows_by_variant = {r["variant"]: r for r in report["rows"] if r["workload"] == "sst2-dynamic"}
+    assert set(rows_by_variant) == {"eager", "ort"}
+    for variant, row in rows_by_variant.items():
+        assert row["status"] == "ok", row
+        assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+        assert row["final_step"] == 4 and row["rounds_ok"] == 1
+    assert rows_by_variant["ort"]["engine"] == "ort"
+    assert rows_by_variant["eager"]["engine"] == "pytorch"
+    assert rows_by_variant["eager"]["speedup"] == 1.0
+    assert rows_by_variant["ort"]["export_s"] > 0
+    assert "final_loss_rel_diff" in rows_by_variant["ort"]
+    assert {"command", "threads", "versions"} <= set(report["conditions"])
+    runs = [r for r in report["runs"] if r["status"] == "ok"]
+    assert len(runs) == 2 and all(r["samples"] == 6 and r["omp_num_threads"] for r in runs)
+
+    table = (out / "bench.md").read_text()
+    assert "| sst2-dynamic | ort | ort |" in table and "| sst2-dynamic | eager | pytorch |" in table
+    assert table in printed
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
