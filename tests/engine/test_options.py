@@ -67,9 +67,7 @@ def test_scoped_environ_restores_on_error(monkeypatch):
 def test_wrap_model_leaves_environ_unchanged():
     before = dict(os.environ)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    opts = ORTOptions(
-        fallback="disable", log_level="ERROR", memory_opt_plans=["BiasGelu+:1:-1"], enable_embedding_sparsity=False
-    )
+    opts = ORTOptions(fallback="disable", log_level="ERROR", memory_opt_level=1, enable_embedding_sparsity=False)
     wrapped = wrap_model(model, opts)
     wrapped(torch.randn(2, 4)).sum().backward()
     assert wrapped.engine_status().backend == "ort"
