@@ -36,7 +36,7 @@ test-all: setup
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo/run_demo.py --output_dir outputs/demo
 
-# Throughput, memory and loss of ORT vs PyTorch on the packaged MiniLM; see docs/benchmarks.md.
+# Throughput, memory and loss of ORT vs PyTorch on the packaged MiniLM, each variant in a fresh process.
 bench: setup
 	$(VENV)/bin/ort-hf bench --out outputs/bench
 
