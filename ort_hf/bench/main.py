@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train_file", default=None,
                         help="text file (mlm, clm) or CSV/TSV with sentence,label (classification)")
     parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep successful runs already in --out/runs with the same settings (after an interruption)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a worker is stopped")
 
 
@@ -76,6 +78,7 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
                      f"lr {settings.learning_rate}, seed {settings.seed}, model {settings.model_dir or 'packaged MiniLM'}"),
         "load average (1/5/15 min) at start": " ".join(f"{x:.2f}" for x in load_before),
         "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "runs kept from an earlier, interrupted invocation (--resume)": sum(bool(r.get("resumed")) for r in results),
         "1-min load when each worker started (min / median / max)": _spread(
             [r["load_1min_at_start"] for r in results if "load_1min_at_start" in r]),
     }
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     print(f"ort-hf bench: load average {load_before[0]:.2f} (a busy machine skews the numbers); "
           f"workers run one at a time, logs in {out / 'logs'}", flush=True)
     results = run_all(args.workloads, variants, args.rounds, settings, out, args.timeout,
-                      echo=lambda line: print(line, flush=True))
+                      echo=lambda line: print(line, flush=True), resume=args.resume)
     rows = summarize(results)
     goals = targets(rows)
     conditions = _conditions(args, settings, argv, load_before, results)

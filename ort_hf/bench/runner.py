@@ -36,9 +36,14 @@ def plan(workloads: list[str], variants: list[str], rounds: int) -> list[tuple[i
     return order
 
 
-def run_one(out: Path, r: int, workload: str, variant: str, settings: BenchSettings, timeout: float) -> dict:
+def run_one(out: Path, r: int, workload: str, variant: str, settings: BenchSettings, timeout: float,
+            resume: bool = False) -> dict:
     name = f"{workload}--{variant}--r{r}"
     result_path, log_path = out / "runs" / f"{name}.json", out / "logs" / f"{name}.log"
+    if resume and result_path.is_file():
+        earlier = json.loads(result_path.read_text())
+        if earlier.get("status") == "ok" and earlier.get("settings") == settings.as_dict():
+            return {**earlier, "resumed": True}
     result_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.unlink(missing_ok=True)
@@ -79,7 +84,7 @@ def _ort_banner(log_path: Path) -> dict:
 
 
 def run_all(workloads: list[str], variants: list[str], rounds: int, settings: BenchSettings, out: Path,
-            timeout: float = 1800.0, echo=print) -> list[dict]:
+            timeout: float = 1800.0, echo=print, resume: bool = False) -> list[dict]:
     """Every planned run's result (skipped workloads as one ``status: skipped`` entry each)."""
     results, ready = [], []
     for workload in workloads:
@@ -92,7 +97,7 @@ def run_all(workloads: list[str], variants: list[str], rounds: int, settings: Be
                             "round": None})
     order = plan(ready, variants, rounds)
     for i, (r, workload, variant) in enumerate(order, 1):
-        result = run_one(out, r, workload, variant, settings, timeout)
+        result = run_one(out, r, workload, variant, settings, timeout, resume)
         results.append(result)
         echo(_progress(i, len(order), result))
     return results
@@ -102,5 +107,7 @@ def _progress(i: int, n: int, result: dict) -> str:
     head = f"[{i}/{n}] round {result['round'] + 1} {result['workload']} / {result['variant']}:"
     if result["status"] != "ok":
         return f"{head} {result['status'].upper()} ({result['reason']})"
+    if result.get("resumed"):
+        head += " (kept from an earlier, interrupted invocation)"
     return (f"{head} {result['samples_per_s']:.2f} samples/s, step median {1000 * result['step_median_s']:.0f} ms, "
             f"engine {result['engine']}, {result['wall_s']:.0f} s")
