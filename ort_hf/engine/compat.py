@@ -217,6 +217,26 @@ def _bridge_mem_efficient_grad_device() -> None:
     mgmt.post_processing_enable_mem_efficient_training = post_processing
 
 
+def _bridge_export_cache() -> None:
+    # ORT 1.19.2's export cache (ORTMODULE_CACHE_DIR) keys graphs by the module repr only,
+    # writes them non-atomically, and reloads PythonOp graphs without registering their
+    # functions: export_cache.cached_export keys, locks and validates it. Can go with ORTModule.
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    from .export_cache import cached_export
+
+    original = GTM._get_exported_model
+    if getattr(original, "_ort_hf_bridge", False):
+        return
+
+    @functools.wraps(original)
+    def get_exported_model(**kwargs):
+        return cached_export(original, **kwargs)
+
+    get_exported_model._ort_hf_bridge = True
+    GTM._get_exported_model = staticmethod(get_exported_model)
+
+
 def make_sampler_reusable(sampler) -> None:
     """ORT 1.19.2 bug: LoadBalancingDistributedSampler tests ``if not self.sample_complexities``
     on the numpy array it cached, so its second use (``set_epoch`` for the next epoch) raises
@@ -242,4 +262,5 @@ def apply_ort_bridges() -> None:
         _bridge_sparsity_switches()
         _bridge_session_mem_reuse()
         _bridge_mem_efficient_grad_device()
+        _bridge_export_cache()
         _ort_done = True

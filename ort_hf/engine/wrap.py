@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import inspect
 import logging
 import re
@@ -324,6 +326,8 @@ def _build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState)
     from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
 
     _set_custom_autograd(state.pythonop_available and options.enable_custom_autograd)
+    if options.save_onnx and options.onnx_dir:
+        os.makedirs(options.onnx_dir, exist_ok=True)  # ORT refuses a folder that does not exist yet
     debug = DebugOptions(
         log_level=LogLevel[options.log_level],
         save_onnx=options.save_onnx,

@@ -132,6 +132,7 @@ class ORTTrainingArguments(TrainingArguments):
         wants_ort_fused = self.optim == ADAMW_ORT_FUSED
         if wants_ort_fused:
             self.optim = "adamw_torch"
+        self._refuse_sharded_training()
         if self.use_ort and (self.gradient_checkpointing or self.activation_checkpointing):
             # ORT cannot export torch.utils.checkpoint functions; its layer-wise recompute
             # (memory optimizer level 1) is the equivalent. The two never run together.
@@ -163,6 +164,19 @@ class ORTTrainingArguments(TrainingArguments):
         except ValueError as exc:
             # Name the command-line flag, not the internal dataclass field.
             raise ValueError(str(exc).replace("ORTOptions.", "--ort_")) from None
+
+    def _refuse_sharded_training(self) -> None:
+        # DeepSpeed and FSDP wrap the model themselves; the Trainer hands them the HF model, not
+        # the ORT module, so ORT would silently not run (or crash deep in accelerate). Refuse
+        # before any weights load. DeepSpeed ZeRO-1/2 with ORT's FP16_Optimizer is CUDA-only and
+        # not wired yet (see the README's GPU section).
+        wrappers = [name for name, value in (("--deepspeed", self.deepspeed), ("--fsdp", self.fsdp)) if value]
+        if self.use_ort and wrappers:
+            raise ValueError(
+                f"ORTTrainer cannot train through ORT with {' and '.join(wrappers)} yet. Use DDP for several "
+                f"processes (torchrun / accelerate launch; ORT runs inside each), or keep {' and '.join(wrappers)} "
+                "and pass --use_ort false to train on the plain PyTorch path."
+            )
 
     def ort_options(self) -> ORTOptions:
         """The ``ORTOptions`` these arguments describe."""

@@ -47,6 +47,11 @@ def test_plans_parse_as_a_list():
         (["--ort_log_level", "CHATTY"], "--ort_log_level"),
         (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
         (["--ort_onnx_dir", "/tmp/x"], "--ort_onnx_dir"),
+        (["--ort_density_print_every", "0"], "--ort_density_print_every"),
+        (["--ort_memory_budget_mb", "-100"], "--ort_memory_budget_mb"),
+        (["--ort_memory_budget_mb", "900", "--ort_memory_callback", "false"], "--ort_memory_callback"),
+        (["--fsdp", "full_shard"], "--use_ort false"),
+        (["--deepspeed", "ds_config.json"], "--use_ort false"),
     ],
 )
 def test_bad_values_name_the_flag(argv, flag):
@@ -65,3 +70,8 @@ def test_gradient_checkpointing_becomes_layerwise_recompute():
     assert args.ort_options().memory_opt_level == 1
     plain = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, use_ort=False, report_to=[])
     assert plain.activation_checkpointing  # PyTorch runs keep torch checkpointing
+
+
+def test_sharded_wrappers_stay_available_on_the_pytorch_path():
+    args = _parse("--fsdp", "full_shard", "--use_ort", "false")
+    assert args.fsdp and not args.use_ort

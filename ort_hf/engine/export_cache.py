@@ -1,0 +1,166 @@
+"""ORT's export cache (``ORTMODULE_CACHE_DIR``, ``--ort_export_cache_dir``), made safe to share.
+
+ORTModule 1.19.2 caches the exported graph as ``<md5(repr(module))>_<rank>.onnx`` and loads
+it whenever that file exists. As shipped that is unsafe in four ways, each handled here:
+
+1. The key is the module's ``repr`` only: an eager and an SDPA BERT, two transformers
+   versions, a changed forward, or other inputs (labels or not) share one file, and the wrong
+   graph is loaded silently. Entries live in a sub-folder keyed by a digest of the versions,
+   the HF config, the source of every module class, the input names/dtypes/dynamic axes and
+   the export settings.
+2. Two runs exporting at once race on the file; a run killed mid-write leaves a truncated
+   file that every later run loads and crashes on. Exports run under a file lock per entry,
+   and a file without its ``.complete`` marker (written after ORT's save returns) is deleted.
+3. A cached graph with ``PythonOp`` nodes (custom autograd Functions) needs the functions
+   registered during export, which a cache hit in a fresh process skips. Such graphs are
+   never cached (an ``uncacheable`` marker records it).
+4. A read-only, misplaced or full cache folder is not fatal: the export runs uncached with
+   one warning naming the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import warnings
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()
+_UNCACHEABLE = "uncacheable"
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    found = {}
+    for name in ("torch", "onnxruntime-training-cpu", "onnxruntime-training", "onnx", "transformers", "ort-hf"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _source_digest(module) -> str:
+    """Digest of the source files of every module class in the tree, and of our symbolics."""
+    from . import compat, symbolics
+
+    files = {inspect.getsourcefile(compat), inspect.getsourcefile(symbolics)}
+    for sub in module.modules():
+        try:
+            files.add(inspect.getsourcefile(type(sub)))
+        except (TypeError, OSError):
+            continue
+    digest = hashlib.sha256()
+    for name in sorted(f for f in files if f):
+        digest.update(name.encode())
+        digest.update(Path(name).read_bytes())
+    return digest.hexdigest()
+
+
+def _hf_config(module) -> str | None:
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "to_json_string"):
+            return config.to_json_string(use_diff=False) + str(getattr(config, "_attn_implementation", None))
+    return None
+
+
+def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
+    """Everything that decides the exported graph, as one digest."""
+    tensors = [
+        [str(getattr(t, "dtype", type(t).__name__)), getattr(t, "ndim", None), getattr(t, "requires_grad", None)]
+        for t in inputs
+    ]
+    described = {
+        "versions": _versions(),
+        "module": repr(flattened_module),
+        "config": _hf_config(flattened_module),
+        "source": _source_digest(flattened_module),
+        "inputs": tensors,
+        "input_names": list(model_info.onnx_graph_input_names),
+        "require_grad": list(model_info.onnx_graph_input_names_require_grad),
+        "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in
+                         model_info.onnx_graph_input_dynamic_axes_map.items()},
+        "export_mode": str(getattr(model_info, "export_mode", None)),
+        "settings": settings,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _ort_file_name(flattened_module) -> str:
+    from onnxruntime.training.ortmodule._utils import get_rank
+
+    return f"{hashlib.md5(str(flattened_module).encode()).hexdigest()}_{get_rank()}.onnx"
+
+
+def _has_python_op(model) -> bool:
+    return any(node.op_type == "PythonOp" for node in model.graph.node)
+
+
+def cached_export(original, **kwargs):
+    """Call ORT's ``_get_exported_model`` (``original``) with the cache made safe (see above)."""
+    root = kwargs.get("ortmodule_cache_dir")
+    if not root:
+        return original(**kwargs)
+    uncached = {**kwargs, "ortmodule_cache_dir": ""}
+    module = kwargs["flattened_module"]
+    settings = {k: kwargs.get(k) for k in ("onnx_opset_version", "enable_custom_autograd_function",
+                                           "enable_zero_stage3_support")}
+    try:
+        import filelock
+
+        entry = Path(root) / entry_key(module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"],
+                                       settings)
+        entry.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(entry / ".lock"))
+        lock.acquire()
+    except OSError as exc:
+        _warn_once(f"ort_hf: the export cache {root} cannot be used ({exc}); exporting without it. "
+                   "Point --ort_export_cache_dir at a writable folder to cache exports.")
+        return original(**uncached)
+    try:
+        return _export_into(entry, original, kwargs, uncached)
+    finally:
+        lock.release()
+
+
+def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
+    if (entry / _UNCACHEABLE).exists():
+        return original(**uncached)
+    graph = entry / _ort_file_name(kwargs["flattened_module"])
+    complete = graph.with_suffix(".complete")
+    if graph.exists() and not complete.exists():
+        logger.warning("ort_hf: removing %s, an export cache entry whose write never finished.", graph)
+        graph.unlink()
+    hit = graph.exists()
+    try:
+        result = original(**{**kwargs, "ortmodule_cache_dir": str(entry)})
+    except Exception as exc:
+        if not hit and not isinstance(exc, OSError):
+            raise  # the export itself failed: nothing to do with the cache
+        graph.unlink(missing_ok=True)
+        complete.unlink(missing_ok=True)
+        _warn_once(f"ort_hf: the export cache entry {graph} could not be {'read' if hit else 'written'} "
+                   f"({type(exc).__name__}: {exc}); exporting without the cache.")
+        return original(**uncached)
+    if not hit:
+        try:
+            if _has_python_op(result[0]):
+                graph.unlink(missing_ok=True)  # its functions are only registered by a real export
+                (entry / _UNCACHEABLE).touch()
+            else:
+                complete.touch()
+        except OSError as exc:
+            graph.unlink(missing_ok=True)
+            _warn_once(f"ort_hf: could not finish the export cache entry {graph} ({exc}); it will be redone.")
+    return result

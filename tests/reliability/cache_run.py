@@ -1,0 +1,67 @@
+"""Run by test_export_cache: a few ORT steps with an export cache dir, reported as JSON on stdout."""
+
+import json
+import sys
+import warnings
+
+import torch
+
+from ort_hf.engine import ORTOptions, wrap_model
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _PythonOpNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, input_ids, attention_mask, labels):
+        x = torch.nn.functional.one_hot(input_ids % 8, 8).float().mean(1)
+        return torch.nn.functional.mse_loss(_Square.apply(self.linear(x)).squeeze(-1), labels.float())
+
+
+def _model(kind: str) -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    if kind == "python-op":
+        return _PythonOpNet()
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, attn_implementation=kind)
+    return BertForSequenceClassification(config)
+
+
+def main(cache_dir: str, kind: str) -> None:
+    model = _model(kind)
+    wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", export_cache_dir=cache_dir))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            ids = torch.randint(3, 100, (4, 12), generator=gen)
+            out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 0] % 2)
+            loss = out if isinstance(out, torch.Tensor) else out.loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    status = wrapped.engine_status()
+    print(json.dumps({"losses": losses, "backend": status.backend, "export_count": status.export_count,
+                      "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)]}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

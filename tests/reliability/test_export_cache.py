@@ -1,0 +1,91 @@
+"""ORT's export cache (--ort_export_cache_dir) shared by runs: keyed, locked, never loads a bad entry."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("cache_run.py")
+
+
+def _start(cache_dir, kind="eager"):
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(cache_dir), kind], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc) -> dict:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["backend"] == "ort"  # fallback is disabled too: an ORT session ran
+    return result
+
+
+def _run(cache_dir, kind="eager") -> dict:
+    return _finish(_start(cache_dir, kind))
+
+
+def _graphs(cache_dir):
+    return sorted(Path(cache_dir).glob("*/*.onnx"))
+
+
+@pytest.fixture(scope="module")
+def uncached(tmp_path_factory):
+    return _run("")  # "" = no cache
+
+
+def test_two_runs_at_once_share_one_entry_and_a_third_reuses_it(tmp_path, uncached):
+    first, second = _start(tmp_path), _start(tmp_path)
+    results = [_finish(first), _finish(second)]
+    assert sorted(r["export_count"] for r in results) == [0, 1]  # one exported, the other waited and reused it
+    (graph,) = _graphs(tmp_path)
+    assert graph.with_suffix(".complete").exists()
+    third = _run(tmp_path)
+    assert third["export_count"] == 0
+    for result in (*results, third):
+        assert result["losses"] == pytest.approx(uncached["losses"], abs=1e-6)
+
+
+def test_an_entry_whose_write_never_finished_is_redone(tmp_path, uncached):
+    _run(tmp_path)
+    (graph,) = _graphs(tmp_path)
+    graph.write_bytes(graph.read_bytes()[:1000])  # a run killed while ORT was saving
+    graph.with_suffix(".complete").unlink()
+    again = _run(tmp_path)
+    assert again["export_count"] == 1 and again["losses"] == pytest.approx(uncached["losses"], abs=1e-6)
+    assert graph.with_suffix(".complete").exists() and graph.stat().st_size > 1000
+
+
+def test_a_corrupt_entry_is_replaced_with_a_warning(tmp_path, uncached):
+    _run(tmp_path)
+    (graph,) = _graphs(tmp_path)
+    graph.write_bytes(b"not an onnx model")
+    again = _run(tmp_path)
+    assert again["losses"] == pytest.approx(uncached["losses"], abs=1e-6)
+    assert any("could not be read" in w for w in again["warnings"]), again["warnings"]
+
+
+def test_an_unusable_cache_dir_warns_and_trains(tmp_path, uncached):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a cache dir below a regular file can never be created (also as root)
+    result = _run(blocker / "cache")
+    assert result["export_count"] == 1 and result["losses"] == pytest.approx(uncached["losses"], abs=1e-6)
+    assert any("cannot be used" in w and "--ort_export_cache_dir" in w for w in result["warnings"])
+
+
+def test_models_with_the_same_repr_get_their_own_entries(tmp_path):
+    _run(tmp_path, "eager")
+    sdpa = _run(tmp_path, "sdpa")  # ORT's own key (the module repr) is the same for both
+    assert sdpa["export_count"] == 1
+    graphs = _graphs(tmp_path)
+    assert len(graphs) == 2 and graphs[0].name == graphs[1].name  # ORT alone would have loaded the eager graph
+
+
+def test_graphs_with_python_ops_are_never_cached(tmp_path):
+    first = _run(tmp_path, "python-op")
+    second = _run(tmp_path, "python-op")  # a fresh process: a cache hit would lack the registered Function
+    assert first["export_count"] == second["export_count"] == 1
+    assert first["losses"] == second["losses"]
+    assert _graphs(tmp_path) == [] and list(tmp_path.glob("*/uncacheable"))
