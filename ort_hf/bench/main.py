@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .spec import BASELINE, VARIANTS, WORKLOADS, BenchSettings, default_data_dir
+from .spec import BASELINE, DEFAULT_VARIANTS, VARIANTS, WORKLOADS, BenchSettings, default_data_dir
 
 
 def _names(choices):
@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="outputs/bench", help="folder for bench.md, bench.json, bench.png, runs/, logs/")
     parser.add_argument("--workloads", type=_names(list(WORKLOADS)), default=list(WORKLOADS),
                         help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)")
-    parser.add_argument("--variants", type=_names(list(VARIANTS)), default=list(VARIANTS),
-                        help=f"comma-separated, from {', '.join(VARIANTS)} (default: all; '{BASELINE}' is added "
+    parser.add_argument("--variants", type=_names(list(VARIANTS)), default=DEFAULT_VARIANTS,
+                        help=f"comma-separated, from {', '.join(VARIANTS)} (default: {', '.join(DEFAULT_VARIANTS)}; "
+                        f"'{BASELINE}' is added "
                         "as the baseline)")
     parser.add_argument("--rounds", type=int, default=3, help="fresh-process repeats of every variant (default 3)")
     parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps per run")
@@ -49,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")
     parser.add_argument("--resume", action="store_true",
                         help="keep successful runs already in --out/runs with the same settings (after an interruption)")
+    parser.add_argument("--memory_budget_mb", type=float, default=None,
+                        help="memory budget (MB) of the ort-budget variant (ORTTrainer's --ort_memory_budget_mb)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a worker is stopped")
 
 
@@ -115,7 +118,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size, seq_len=args.seq_len,
         threads=args.threads, dropout=None if args.dropout < 0 else args.dropout, learning_rate=args.learning_rate,
         model_dir=args.model_dir, train_file=args.train_file, data_dir=args.data_dir,
+        memory_budget_mb=args.memory_budget_mb,
     )
+    if "ort-budget" in args.variants and not args.memory_budget_mb:
+        raise SystemExit("ort-hf bench: the ort-budget variant needs --memory_budget_mb (e.g. 30% below ort's peak).")
     variants = [BASELINE] + [v for v in args.variants if v != BASELINE]  # ratios need the baseline
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

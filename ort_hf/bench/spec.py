@@ -37,6 +37,8 @@ class Variant:
     torch_compile: bool = False
     memory_opt_level: int = 0
     tasks: tuple[str, ...] = ("mlm", "cls", "clm")
+    budget: bool = False  # ORTTrainer budget mode with --memory_budget_mb
+    default: bool = True  # part of a plain `ort-hf bench`
 
 
 VARIANTS = {
@@ -49,8 +51,13 @@ VARIANTS = {
         Variant("ort", True, "ORTTrainer defaults (ORTModule, ModuleWithLoss, label sparsity)"),
         Variant("ort-recompute", True, "ORTTrainer with ort_memory_opt_level=1 (layer-wise recompute)",
                 memory_opt_level=1),
+        Variant("ort-recompute2", True, "ORTTrainer with ort_memory_opt_level=2 (layer-wise plus compromised plans)",
+                memory_opt_level=2, default=False),
+        Variant("ort-budget", True, "ORTTrainer budget mode (ort_memory_budget_mb=--memory_budget_mb)",
+                budget=True, default=False),
     )
 }
+DEFAULT_VARIANTS = [name for name, v in VARIANTS.items() if v.default]
 
 
 def default_data_dir() -> Path:
@@ -73,6 +80,7 @@ class BenchSettings:
     model_dir: str | None = None
     train_file: str | None = None
     data_dir: str = field(default_factory=lambda: str(default_data_dir()))
+    memory_budget_mb: float | None = None  # for the ort-budget variant
 
     def batch_for(self, workload: Workload) -> int:
         return self.batch_size or workload.batch_size

@@ -87,6 +87,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=settings.seed,
             dataloader_num_workers=0, use_ort=variant.use_ort, torch_compile=variant.torch_compile,
             ort_memory_opt_level=variant.memory_opt_level,
+            ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=dataset, data_collator=counter, callbacks=[timer])
@@ -126,6 +127,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "export_s": last("ort/export_s"),
         "first_step_s": last("ort/first_step_s"),
         "label_sparsity": last("ort/label_sparsity"),
+        "budget_choice": {k: last(f"memory/budget_{k}") for k in ("level", "plans", "fits", "batch_size")},
         "losses": losses,
         "final_step": losses[-1][0] if losses else None,
         "final_loss": losses[-1][1] if losses else None,

@@ -130,6 +130,10 @@ class ORTOptions:
             )
         if self.onnx_dir is not None and not self.save_onnx:
             raise ValueError("ORTOptions.onnx_dir is set but save_onnx is False: set save_onnx=True to write graphs.")
+        for name in ("export_cache_dir", "onnx_dir"):
+            folder = getattr(self, name)
+            if folder and os.path.exists(folder) and not os.path.isdir(folder):
+                raise ValueError(f"ORTOptions.{name}: {folder!r} is a file, not a folder; give a folder path.")
         if self.mem_efficient_grad_mgmt and not self.enable_custom_autograd:
             raise ValueError(
                 "ORTOptions.mem_efficient_grad_mgmt needs enable_custom_autograd=True (it runs on PythonOp)."

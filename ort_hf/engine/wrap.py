@@ -206,6 +206,10 @@ class ORTTrainingModule(nn.Module):
         module, its parameters and the optimizer stay as they are."""
         state = ensure_engine()
         register_symbolics(state, options.opset_version)
+        # Free the old session before the new one exports: otherwise both are alive during the
+        # re-export, and a budget measured after it includes the dead session's buffers.
+        object.__setattr__(self, "_ort", None)
+        _release_freed_memory()
         object.__setattr__(self, "_ort", _build_ort_module(self.module, options, state))
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
@@ -298,6 +302,19 @@ class ORTTrainingModule(nn.Module):
             export_seconds=self._record.export_seconds,
             pythonop=self._pythonop,
         )
+
+
+def _release_freed_memory() -> None:
+    """Collect unreachable ORT objects and hand freed heap pages back to the OS (glibc), so the
+    process RSS shows what is really in use."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: RSS may keep freed pages, nothing else changes
 
 
 def _set_custom_autograd(enabled: bool) -> None:

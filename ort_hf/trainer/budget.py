@@ -1,9 +1,20 @@
-"""Budget mode: the lightest recompute configuration whose measured peak fits the budget."""
+"""Budget mode: the lightest recompute configuration whose measured peak fits the budget.
+
+Rungs, lightest first: no recompute; the cheapest of the plans ORT found (elementwise
+subgraphs, best bytes saved per unit of recompute cost, enough to cover the excess); layer-wise
+recompute (level 1); level 1 plus compromised plans (level 2). A rung that cannot cover the
+measured excess by ORT's own estimate is skipped, and at most two re-exports happen per batch
+size. With ``auto_find_batch_size``, a batch that fits at no rung is reported to the Trainer as
+out of memory (weights and optimizer state restored first), and the Trainer retries with a
+smaller batch (accelerate's search): the result is the largest batch that fits, with the
+lightest recompute for it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from transformers import TrainerCallback
 
@@ -11,51 +22,172 @@ from ..callbacks import MemoryObserverCallback
 
 logger = logging.getLogger(__name__)
 
-LADDER = (0, 1, 2)  # memory optimizer levels, lightest first: at most two re-exports
+MAX_REEXPORTS = 2
+_HEAVY_OPS = ("MatMul", "Gemm", "Conv", "Attention")  # recomputing these costs a GEMM
+_OP_COST = {"Softmax": 5.0, "LayerNormalization": 5.0, "Gelu": 3.0, "Dropout": 3.0}
+
+
+class BudgetExceeded(RuntimeError):
+    """Raised (for ``auto_find_batch_size``) when no recompute configuration fits the budget.
+
+    Its message contains " out of memory." so accelerate's batch-size search retries with a smaller batch."""
+
+
+def plan_cost(plan: str, frequency: int) -> float | None:
+    """Recompute cost of one plan (``cluster:strategy:count``) in rough elementwise-op units, or
+    ``None`` for plans that recompute a matrix multiply or use a compromised strategy."""
+    cluster, _, rest = plan.partition(":")
+    strategy = rest.split(":")[0]
+    ops = [op for op in cluster.split("+") if op]
+    if strategy != "1" or any(heavy in op for op in ops for heavy in _HEAVY_OPS):
+        return None
+    return max(frequency, 1) * sum(_OP_COST.get(op, 1.0) for op in ops)
+
+
+def cheap_plans(plans, excess_bytes: float) -> tuple[str, ...] | None:
+    """The fewest cheap plans, best saving per cost first, whose saving covers ``excess_bytes``
+    (with a 25% margin: ORT's estimate is of stashed bytes, not of the process peak)."""
+    ranked = []
+    for p in plans or []:
+        cost = plan_cost(p.plan, p.frequency)
+        if cost is not None and p.bytes_saved:
+            ranked.append((p.bytes_saved / cost, p.plan, p.bytes_saved))
+    chosen, saved = [], 0.0
+    for _, plan, saving in sorted(ranked, reverse=True):
+        chosen.append(plan)
+        saved += saving
+        if saved >= 1.25 * excess_bytes:
+            return tuple(chosen)
+    return None
 
 
 class MemoryBudgetController(TrainerCallback):
-    """Measures ``measure_steps`` steps after the export step with the memory observer; while the
-    per-step peak is over ``budget_mb``, re-exports with the next recompute level (1, then 2)."""
+    """Measures ``measure_steps`` steps after each export with the memory observer and walks the
+    rungs above until the per-step peak fits ``budget_mb``; logs what it tried and chose."""
 
     def __init__(self, trainer, budget_mb: float, observer: MemoryObserverCallback, measure_steps: int = 2):
         self.trainer = trainer
         self.budget_mb = budget_mb
         self.observer = observer
         self.measure_steps = measure_steps
-        self.level_index = 0
-        self.steps_at_level = 0
-        self.peaks: list[float] = []
+        self.history: list[dict] = []  # every configuration tried, across batch sizes
+        self._snapshot = None
+        self._reset()
+
+    def _reset(self) -> None:
         self.done = False
-        self.tried: list[dict] = []
+        self.tried: list[dict] = []  # configurations tried at the current batch size
+        self.reexports = 0
+        self.steps_at_rung = 0
+        self.peaks: list[float] = []
+        self.step_seconds: list[float] = []
+        self._step_start = None
+
+    # --- callback events --------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._reset()
+        if args.auto_find_batch_size and self._snapshot is None:
+            model = self.trainer.model
+            self._snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         engine = self.trainer._ort_engine_module
         if self.done or engine is None:
             return
-        self.steps_at_level += 1
-        if self.steps_at_level == 1:
+        self.steps_at_rung += 1
+        if self.steps_at_rung == 1:
             return  # the export (and session creation) step of this configuration
         self.peaks.append(self.observer.last_step_peak_mb)
+        if self._step_start is not None:
+            self.step_seconds.append(time.perf_counter() - self._step_start)
         if len(self.peaks) < self.measure_steps:
             return
+        self._decide(args, engine)
+
+    # --- the ladder ---------------------------------------------------------------------------
+    def _decide(self, args, engine) -> None:
+        options = engine.options
         peak = max(self.peaks)
-        level = engine.options.memory_opt_level
-        self.tried.append({"memory_opt_level": level, "peak_mb": round(peak, 1)})
-        if peak <= self.budget_mb or self.level_index == len(LADDER) - 1:
-            self.done = True
-            fits = peak <= self.budget_mb
-            logger.warning(
-                "ort_hf: memory budget %.0f MB: %s (tried %s).", self.budget_mb,
-                f"recompute level {level} fits with a peak of {peak:.0f} MB" if fits
-                else f"no recompute level fits (lowest peak {min(t['peak_mb'] for t in self.tried):.0f} MB); "
-                "lower the batch size or use --auto_find_batch_size",
-                ", ".join(f"level {t['memory_opt_level']}: {t['peak_mb']:.0f} MB" for t in self.tried),
+        batch = self.trainer._train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
+        seconds = sorted(self.step_seconds)[len(self.step_seconds) // 2] if self.step_seconds else None
+        entry = {
+            "batch_size": self.trainer._train_batch_size,
+            "memory_opt_level": options.memory_opt_level,
+            "memory_opt_plans": list(options.memory_opt_plans),
+            "peak_mb": round(peak, 1),
+            "samples_per_s": round(batch / seconds, 3) if seconds else None,
+        }
+        self.tried.append(entry)
+        self.history.append(entry)
+        if peak <= self.budget_mb:
+            return self._finish(fits=True, options=options, peak=peak)
+        following = self._next_options(options, engine, peak)
+        if following is None:
+            return self._finish(fits=False, options=options, peak=peak)
+        self.reexports += 1
+        engine.reconfigure(following)
+        self.steps_at_rung, self.peaks, self.step_seconds = 0, [], []
+
+    def _next_options(self, options, engine, peak_mb: float):
+        if self.reexports >= MAX_REEXPORTS or options.memory_opt_level == 2:
+            return None
+        if options.memory_opt_level == 0 and not options.memory_opt_plans:
+            plans = cheap_plans(engine.memory_plans(), (peak_mb - self.budget_mb) * 2**20)
+            if plans:
+                return dataclasses.replace(options, memory_opt_plans=plans)
+        if options.memory_opt_level == 0:
+            return dataclasses.replace(options, memory_opt_level=1, memory_opt_plans=())
+        return dataclasses.replace(options, memory_opt_level=2, memory_opt_plans=())
+
+    def _finish(self, fits: bool, options, peak: float) -> None:
+        self.done = True
+        chosen = describe(options)
+        tried = "; ".join(
+            f"batch {t['batch_size']} {describe_entry(t)}: {t['peak_mb']:.0f} MB"
+            + (f", {t['samples_per_s']:.2f} samples/s" if t["samples_per_s"] else "")
+            for t in self.history
+        )
+        if not fits and self.trainer.args.auto_find_batch_size and self.trainer._train_batch_size > 1:
+            self._restore_for_retry()
+            logger.warning("ort_hf: memory budget %.0f MB: batch %d does not fit at any recompute level "
+                           "(tried %s); retrying with a smaller batch.", self.budget_mb,
+                           self.trainer._train_batch_size, tried)
+            raise BudgetExceeded(
+                f"ort_hf: measured peak above --ort_memory_budget_mb={self.budget_mb:.0f} at every recompute level "
+                f"for batch {self.trainer._train_batch_size}: treated as out of memory."
             )
-            self.trainer._pending_ort_logs["memory/budget_level"] = float(level)
-            self.trainer._pending_ort_logs["memory/budget_fits"] = float(fits)
-            return
-        self.level_index += 1
-        options = dataclasses.replace(engine.options, memory_opt_level=LADDER[self.level_index], memory_opt_plans=())
-        engine.reconfigure(options)
-        self.steps_at_level, self.peaks = 0, []
+        logger.warning(
+            "ort_hf: memory budget %.0f MB: %s (tried %s).", self.budget_mb,
+            f"{chosen} fits at batch {self.trainer._train_batch_size} with a peak of {peak:.0f} MB" if fits
+            else f"no recompute configuration fits (lowest peak {min(t['peak_mb'] for t in self.tried):.0f} MB); "
+            "lower the batch size or add --auto_find_batch_size",
+            tried,
+        )
+        logs = self.trainer._pending_ort_logs
+        logs["memory/budget_level"] = float(options.memory_opt_level)
+        logs["memory/budget_plans"] = float(len(options.memory_opt_plans))
+        logs["memory/budget_fits"] = float(fits)
+        logs["memory/budget_batch_size"] = float(self.trainer._train_batch_size)
+
+    def _restore_for_retry(self) -> None:
+        # Steps already taken at the batch that does not fit must not leak into the retry.
+        if self._snapshot is not None:
+            self.trainer.model.load_state_dict(self._snapshot)
+        optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)  # accelerate's wrapper
+        if optimizer is not None:
+            optimizer.state.clear()
+
+
+def describe(options) -> str:
+    if options.memory_opt_plans:
+        return "recompute plans " + ", ".join(options.memory_opt_plans)
+    return f"recompute level {options.memory_opt_level}" if options.memory_opt_level else "no recompute"
+
+
+def describe_entry(entry: dict) -> str:
+    if entry["memory_opt_plans"]:
+        return "plans " + ", ".join(entry["memory_opt_plans"])
+    return f"level {entry['memory_opt_level']}"

@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path, help="JSON result path (rank 0); parameters go to <out>.safetensors")
     parser.add_argument("--batch", type=int, required=True, help="per-device train batch size")
+    parser.add_argument("--mem_efficient_grad", action="store_true", help="--ort_mem_efficient_grad_mgmt")
     cli = parser.parse_args()
 
     torch.manual_seed(0)
@@ -72,6 +73,7 @@ def main() -> None:
             output_dir=output_dir, ort_fallback="disable", ort_log_level="ERROR", max_steps=STEPS, logging_steps=1,
             learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
             per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
+            ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad,
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset())
         trainer.train()

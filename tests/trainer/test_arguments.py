@@ -75,3 +75,31 @@ def test_gradient_checkpointing_becomes_layerwise_recompute():
 def test_sharded_wrappers_stay_available_on_the_pytorch_path():
     args = _parse("--fsdp", "full_shard", "--use_ort", "false")
     assert args.fsdp and not args.use_ort
+
+
+def _our_fields(kind):
+    from transformers import TrainingArguments
+
+    theirs = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return [f.name for f in dataclasses.fields(ORTTrainingArguments) if f.name not in theirs and kind in str(f.type)]
+
+
+@pytest.mark.parametrize("name", _our_fields("bool"))
+def test_every_switch_rejects_a_non_boolean_naming_the_flag(name, capsys):
+    with pytest.raises(SystemExit):
+        _parse(f"--{name}", "maybe")
+    assert f"--{name}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["ort_export_cache_dir", "ort_onnx_dir"])
+def test_a_folder_flag_given_a_file_names_the_flag(name, tmp_path):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    extra = ["--ort_save_onnx", "true"] if name == "ort_onnx_dir" else []
+    with pytest.raises(ValueError, match=f"--{name}.*is a file"):
+        _parse(f"--{name}", str(a_file), *extra)
+
+
+def test_memory_efficient_gradients_need_custom_autograd():
+    with pytest.raises(ValueError, match="--ort_mem_efficient_grad_mgmt needs enable_custom_autograd"):
+        _parse("--ort_mem_efficient_grad_mgmt", "true", "--ort_enable_custom_autograd", "false")

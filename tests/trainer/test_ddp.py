@@ -109,3 +109,16 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
         torch.testing.assert_close(ddp_params[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     # The comparison is about trained weights: the script counts tensors that left their init.
     assert ddp["changed_params"] == single["changed_params"] == len(single_params)
+
+
+def test_ddp_with_memory_efficient_gradients_is_refused_before_training(tmp_path):
+    torchrun = BIN / "torchrun"
+    if not torchrun.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path / "ddp.json"), "--batch", "4",
+           "--mem_efficient_grad"]
+    res = _run_all({"ddp": cmd})["ddp"]
+    assert res.returncode != 0
+    assert "--ort_mem_efficient_grad_mgmt does not work under DDP yet" in res.stdout
+    assert "marked as ready twice" not in res.stdout  # refused before any step ran
