@@ -218,6 +218,12 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_ran", False)
         self._ort.train(self.training)
 
+    def release(self) -> None:
+        """Drop the ORT session (and its buffers) of a module that will not run again, e.g. the
+        one replaced when ``auto_find_batch_size`` retries with a smaller batch."""
+        object.__setattr__(self, "_ort", None)
+        _release_freed_memory()
+
     def reseed(self, seed: int) -> None:
         """Seed ORT's own random generator (dropout masks inside the ORT graph).
 

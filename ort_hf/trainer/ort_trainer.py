@@ -97,6 +97,8 @@ class ORTTrainer(Trainer):
             return super()._wrap_model(model, training, dataloader)
         # Called once per training attempt by the parent loop (again only when
         # auto_find_batch_size retries with a smaller batch, when a fresh session is wanted).
+        if self._ort_engine_module is not None:
+            self._ort_engine_module.release()  # a retry (auto_find_batch_size): free the old session first
         engine_module = wrap_model(self._training_target(), self._training_options())
         self._ort_engine_module = engine_module
         self._label_sparsity_checked = False
