@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import inspect
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -208,8 +207,7 @@ class ORTTrainingModule(nn.Module):
         register_symbolics(state, options.opset_version)
         # Free the old session before the new one exports: otherwise both are alive during the
         # re-export, and a budget measured after it includes the dead session's buffers.
-        object.__setattr__(self, "_ort", None)
-        _release_freed_memory()
+        self.release()
         object.__setattr__(self, "_ort", _build_ort_module(self.module, options, state))
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)

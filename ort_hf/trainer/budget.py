@@ -144,9 +144,10 @@ class MemoryBudgetController(TrainerCallback):
 
     def _finish(self, fits: bool, options, peak: float) -> None:
         self.done = True
-        chosen = describe(options)
+        level, plans = options.memory_opt_level, options.memory_opt_plans
+        chosen = f"recompute {describe(level, plans)}" if level or plans else "no recompute"
         tried = "; ".join(
-            f"batch {t['batch_size']} {describe_entry(t)}: {t['peak_mb']:.0f} MB"
+            f"batch {t['batch_size']} {describe(t['memory_opt_level'], t['memory_opt_plans'])}: {t['peak_mb']:.0f} MB"
             + (f", {t['samples_per_s']:.2f} samples/s" if t["samples_per_s"] else "")
             for t in self.history
         )
@@ -181,13 +182,6 @@ class MemoryBudgetController(TrainerCallback):
             optimizer.state.clear()
 
 
-def describe(options) -> str:
-    if options.memory_opt_plans:
-        return "recompute plans " + ", ".join(options.memory_opt_plans)
-    return f"recompute level {options.memory_opt_level}" if options.memory_opt_level else "no recompute"
-
-
-def describe_entry(entry: dict) -> str:
-    if entry["memory_opt_plans"]:
-        return "plans " + ", ".join(entry["memory_opt_plans"])
-    return f"level {entry['memory_opt_level']}"
+def describe(level: int, plans) -> str:
+    """A recompute configuration, short: "level 1" or "plans a, b"."""
+    return "plans " + ", ".join(plans) if plans else f"level {level}"
