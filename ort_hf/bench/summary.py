@@ -63,6 +63,7 @@ def _row(workload: str, variant: str, runs: list[dict]) -> dict:
         ort_init_s=_median([r.get("ort_init_s") for r in ok]),
         first_step_s=_median([r.get("first_step_s") for r in ok]),
         label_sparsity=first.get("label_sparsity"),
+        loss_in_graph=first.get("loss_in_graph"),
         final_step=first["final_step"],
         final_loss=first["final_loss"],
         # Same seed, same batches: every round of a variant should give the same losses.

@@ -127,6 +127,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "export_s": last("ort/export_s"),
         "first_step_s": last("ort/first_step_s"),
         "label_sparsity": last("ort/label_sparsity"),
+        "loss_in_graph": last("ort/loss_in_graph"),
         "budget_choice": {k: last(f"memory/budget_{k}") for k in ("level", "plans", "fits", "batch_size")},
         "losses": losses,
         "final_step": losses[-1][0] if losses else None,

@@ -29,6 +29,11 @@ class ModuleWithLoss(nn.Module):
             its own decision; ``None`` detects it from the model's loss type.
         compute_loss_func: the Trainer's ``compute_loss_func(outputs, labels, num_items_in_batch)``;
             traced into the graph with the model, so it must be plain tensor code.
+
+    ``loss_in_graph = False`` makes ``forward`` return ``{"logits": ...}`` only; the caller then
+    computes the same loss in PyTorch with :meth:`loss_from_outputs`. Worth it when labels are
+    dense (causal LM): there is nothing for label sparsity to drop, and ORT's CPU cross-entropy
+    kernel is slower than PyTorch's.
     """
 
     def __init__(
@@ -47,8 +52,12 @@ class ModuleWithLoss(nn.Module):
         # batch) when the Trainer gives it, as transformers' fixed_cross_entropy does. No
         # label_smoothing argument: its ONNX export is unsupported, so smoothing is added below.
         self.loss_fct = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+        self.loss_in_graph = True
 
     def forward(self, labels: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None, **inputs):
+        if not self.loss_in_graph:
+            outputs = self.model(**inputs)
+            return {"logits": outputs["logits"] if isinstance(outputs, dict) else outputs[0]}
         if labels is None:
             raise missing_labels_error(inputs)
         if self.compute_loss_func is not None:
@@ -58,13 +67,29 @@ class ModuleWithLoss(nn.Module):
             # Regression and multi-label targets: the model's own loss (MSE / BCE).
             outputs = self.model(labels=labels, **inputs)
             return {"loss": outputs["loss"] if isinstance(outputs, dict) else outputs[0]}
-        outputs = self.model(**inputs)
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        return {"loss": self.loss_from_outputs(self.model(**inputs), labels, num_items_in_batch)}
+
+    def token_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Labels as the loss sees them: flattened, shifted for a causal LM."""
         if self.shift_labels:
             # As transformers' ForCausalLMLoss: pad then shift the labels, leave logits whole.
             labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        return labels.reshape(-1)
+
+    def label_density(self, labels: torch.Tensor) -> float:
+        """Share of the label positions the loss uses (after the causal shift)."""
+        return float((self.token_labels(labels) != IGNORE_INDEX).float().mean())
+
+    def takes_token_class_labels(self, labels: torch.Tensor) -> bool:
+        """True when the loss is the cross-entropy over class labels (not a user's or the model's own)."""
+        return self.compute_loss_func is None and self._is_class_label(labels)
+
+    def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+        """The cross-entropy of ``forward``, from the model's outputs (usable as a Trainer
+        ``compute_loss_func``)."""
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         logits = logits.float().reshape(-1, logits.shape[-1])
-        labels = labels.reshape(-1).to(logits.device)
+        labels = self.token_labels(labels).to(logits.device)
         loss = self.loss_fct(logits, labels)
         if num_items_in_batch is None:
             num_items_in_batch = (labels != IGNORE_INDEX).sum()
@@ -76,7 +101,7 @@ class ModuleWithLoss(nn.Module):
             neg_log_probs = -nn.functional.log_softmax(logits, dim=-1).sum(dim=-1)
             smooth = neg_log_probs.masked_fill(labels == IGNORE_INDEX, 0.0).sum() / logits.shape[-1]
             loss = (1 - self.label_smoothing) * loss + self.label_smoothing * smooth
-        return {"loss": loss / num_items_in_batch}
+        return loss / num_items_in_batch
 
     def _is_class_label(self, labels: torch.Tensor) -> bool:
         if labels.is_floating_point():

@@ -78,6 +78,7 @@ def summarize(run: Run) -> dict[str, float | None]:
         "label density (mean)": statistics.fmean(run.values("density/label")) if run.values("density/label") else None,
         "ORT export s": run.first("ort/export_s"),
         "ORT label sparsity": run.first("ort/label_sparsity"),
+        "ORT loss in graph": run.first("ort/loss_in_graph"),
         "ORT fallback": run.first("ort/fallback"),
     }
 

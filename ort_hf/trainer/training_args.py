@@ -12,6 +12,7 @@ from ..engine.options import ORTOptions
 logger = logging.getLogger(__name__)
 
 ADAMW_ORT_FUSED = "adamw_ort_fused"
+LOSS_PLACEMENTS = ("auto", "always", "never")
 
 
 @dataclass
@@ -43,6 +44,15 @@ class ORTTrainingArguments(TrainingArguments):
         metadata={
             "help": "Compute the loss inside the ORT graph through an nn.CrossEntropyLoss module so ORT's "
             "label-sparsity optimisation can fire (ModuleWithLoss)."
+        },
+    )
+    ort_loss_in_graph: str = field(
+        default="auto",
+        metadata={
+            "help": "With ModuleWithLoss, where the cross-entropy runs. 'auto': inside the ORT graph when "
+            "token labels are sparse enough for label sparsity (< 90%% used, first batch), else in PyTorch "
+            "from ORT's logits (ORT's CPU cross-entropy is slower than PyTorch's when there is nothing to "
+            "drop); 'always'; 'never'."
         },
     )
     ort_load_balancing_sampler: bool = field(
@@ -155,6 +165,10 @@ class ORTTrainingArguments(TrainingArguments):
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
             raise ValueError("--ort_memory_budget_mb measures with the memory observer: keep --ort_memory_callback on.")
+        if self.ort_loss_in_graph not in LOSS_PLACEMENTS:
+            raise ValueError(
+                f"--ort_loss_in_graph must be one of {', '.join(LOSS_PLACEMENTS)}, got {self.ort_loss_in_graph!r}."
+            )
         if self.ort_density_print_every is not None and self.ort_density_print_every < 1:
             raise ValueError(
                 f"--ort_density_print_every must be a positive number of steps, got {self.ort_density_print_every}."

@@ -47,6 +47,7 @@ def test_plans_parse_as_a_list():
         (["--ort_log_level", "CHATTY"], "--ort_log_level"),
         (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
         (["--ort_onnx_dir", "/tmp/x"], "--ort_onnx_dir"),
+        (["--ort_loss_in_graph", "sometimes"], "--ort_loss_in_graph"),
         (["--ort_density_print_every", "0"], "--ort_density_print_every"),
         (["--ort_memory_budget_mb", "-100"], "--ort_memory_budget_mb"),
         (["--ort_memory_budget_mb", "900", "--ort_memory_callback", "false"], "--ort_memory_callback"),

@@ -1,0 +1,86 @@
+"""Where ModuleWithLoss's cross-entropy runs: inside the ORT graph when label sparsity can fire,
+in PyTorch from ORT's logits when labels are dense. Same losses either way."""
+
+import pytest
+import torch
+from datasets import Dataset
+from tiny_models import FAMILIES, VOCAB, build
+from transformers import Trainer, TrainingArguments
+
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
+SEQ, ROWS = 32, 32
+
+
+def _clm_dataset(prompt_len: int) -> Dataset:
+    """Causal-LM rows; the first ``prompt_len`` labels of each row are ignored (SFT-style prompt masking)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, VOCAB, (ROWS, SEQ), generator=g)
+    labels = ids.clone()
+    labels[:, :prompt_len] = -100
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
+                              "labels": labels.tolist()})
+
+
+def _train(cls_trainer, cls_args, out, dataset, **kw):
+    args = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no", disable_tqdm=True)
+    if cls_args is ORTTrainingArguments:
+        args.update(ort_fallback="disable", ort_log_level="ERROR")  # an ORT failure raises: no silent PyTorch
+    args.update(kw)
+    model = build(FAMILIES["llama-clm"])
+    trainer = cls_trainer(model=model, args=cls_args(**args), train_dataset=dataset)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _logged(trainer, key):
+    return next(h[key] for h in trainer.state.log_history if key in h)
+
+
+@pytest.fixture(scope="module")
+def pytorch_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pt")
+    return {prompt: _train(Trainer, TrainingArguments, out / str(prompt), _clm_dataset(prompt))
+            for prompt in (0, SEQ // 2)}
+
+
+@pytest.mark.parametrize("placement", ["auto", "always"])
+def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs, tmp_path, placement):
+    _, ref_losses, ref_params = pytorch_runs[0]
+    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(0),
+                                     ort_loss_in_graph=placement)
+    assert trainer.ort_engine_status().backend == "ort"
+    assert _logged(trainer, "ort/loss_in_graph") == (placement == "always")
+    assert trainer._ort_engine_module.label_sparsity_fired() is False  # nothing to drop at ~97% density
+    assert len(losses) == 6 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_prompt_masked_labels_keep_the_loss_in_the_graph(pytorch_runs, tmp_path):
+    _, ref_losses, _ = pytorch_runs[SEQ // 2]
+    trainer, losses, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(SEQ // 2))
+    assert _logged(trainer, "ort/loss_in_graph") == 1.0
+    assert trainer._ort_engine_module.label_sparsity_fired() is True
+    assert 0.4 < _logged(trainer, "ort/label_density") < 0.6
+    assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
+
+
+def test_never_computes_a_sequence_classification_loss_in_pytorch(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (16, 12), generator=g)
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": torch.randint(0, 2, (16,), generator=g).tolist()})
+    runs = {}
+    for placement in ("auto", "never"):
+        args = ORTTrainingArguments(output_dir=str(tmp_path / placement), max_steps=3, per_device_train_batch_size=4,
+                                    learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no",
+                                    disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
+                                    label_smoothing_factor=0.1, ort_loss_in_graph=placement)
+        trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
+        trainer.train()
+        runs[placement] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        assert _logged(trainer, "ort/loss_in_graph") == (placement == "auto")
+        assert trainer.ort_engine_status().backend == "ort"
+    assert max(abs(a - b) for a, b in zip(runs["auto"], runs["never"])) <= 1e-5
