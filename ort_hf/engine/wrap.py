@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -355,5 +357,20 @@ def _build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState)
         onnx_prefix=type(model).__name__ if options.save_onnx else "",
         save_path=options.onnx_dir or "",
     )
-    with scoped_environ(environment_for(options)):
-        return ORTModule(model, debug_options=debug)
+    env = environment_for(options)
+    plan_file = env.get("ORTMODULE_MEMORY_OPT_CONFIG")  # a temp file ORT re-reads at every session build
+    try:
+        with scoped_environ(env):
+            ort_module = ORTModule(model, debug_options=debug)
+    except BaseException:
+        _remove_file(plan_file)
+        raise
+    if plan_file:
+        weakref.finalize(ort_module, _remove_file, plan_file)  # lives exactly as long as the session
+    return ort_module
+
+
+def _remove_file(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -57,6 +59,38 @@ def last_complete_checkpoint(output_dir: str | Path) -> str | None:
             return path
         logger.warning("ort_hf: skipping %s: it was not completely written (interrupted save).", path)
     return None
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only, ...); earlier ones are intact."""
+
+
+@contextlib.contextmanager
+def unfinished_checkpoint_guard(output_dir: str, current_step):
+    """Around ``Trainer.train``: when training stops on an error and ``checkpoint-<current step>``
+    is there but incomplete, the error came from writing it (full or read-only disk). It is
+    removed (never complete, and on a full disk its bytes are what the user needs back) and the
+    error is re-raised as one message naming the intact checkpoint. Complete checkpoints are
+    never touched; any other error passes through unchanged."""
+    try:
+        yield
+    except Exception as exc:  # torch.save and safetensors report a full disk as RuntimeError / SafetensorError
+        folder = Path(output_dir) / f"checkpoint-{current_step()}"
+        if not folder.is_dir() or is_complete_checkpoint(folder):
+            raise
+        try:
+            free_mb = shutil.disk_usage(output_dir).free / 2**20
+            space = "the disk is full" if free_mb < 1 else f"{free_mb:,.0f} MB were free on that disk"
+        except OSError:
+            space = "free space unknown"
+        shutil.rmtree(folder, ignore_errors=True)
+        last = last_complete_checkpoint(output_dir)
+        raise CheckpointWriteError(
+            f"Writing {folder.name} in {output_dir} failed ({type(exc).__name__}: {exc}; {space}). "
+            f"The unfinished checkpoint was removed; the last complete one, {last or 'none yet'}, is intact. "
+            "Free disk space (or change --output_dir / --save_total_limit), then rerun with "
+            "resume_from_checkpoint=True to continue from it."
+        ) from exc
 
 
 def check_train_dataset(dataset) -> None:

@@ -23,7 +23,7 @@ from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallb
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
-from .checks import check_token_ids, check_train_dataset, last_complete_checkpoint
+from .checks import check_token_ids, check_train_dataset, last_complete_checkpoint, unfinished_checkpoint_guard
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,10 @@ class ORTTrainer(Trainer):
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"No completely written checkpoint found in {self.args.output_dir} to resume from.")
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        # A checkpoint write that fails (full or read-only disk) ends with one message saying
+        # which checkpoint is intact and how to resume.
+        with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step):
+            return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # --- model wrapping -------------------------------------------------------------------
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader=None) -> nn.Module:

@@ -1,5 +1,6 @@
 """Recompute levels and plans: same losses as PyTorch, a plan table that matches ORT's, clear typos."""
 
+import os
 import re
 
 import pytest
@@ -78,3 +79,17 @@ def test_a_mistyped_plan_lists_the_valid_ones(minilm_dir, minilm_batches):
     expected = r"no plan 'LayerNormalisation\+:1:-1'.*Did you mean 'LayerNormalization\+:1:-1'.*Valid plans: .*Gather"
     with pytest.raises(ValueError, match=expected):
         wrapped(**minilm_batches[0])
+
+
+def test_the_plan_file_lives_as_long_as_the_session(minilm_dir, minilm_batches):
+    """ORT reads chosen plans from a JSON file at every session build; it is removed with the session."""
+    wrapped = wrap_model(_minilm(minilm_dir), ORTOptions(fallback="disable", log_level="ERROR",
+                                                         memory_opt_plans=("LayerNormalization+:1:-1",)))
+    wrapped.train()
+    wrapped(**minilm_batches[0]).loss.backward()
+    manager = wrapped._ort._torch_module._execution_manager(True)
+    path = manager._runtime_options.memory_optimizer_config_file_path
+    assert path and os.path.exists(path) and wrapped.engine_status().backend == "ort"
+    del manager
+    wrapped.release()
+    assert not os.path.exists(path)
