@@ -294,6 +294,14 @@ class ORTTrainingModule(nn.Module):
             return None
         return any(node.op_type == "ShrunkenGather" for node in graph.graph.node)
 
+    def mem_efficient_grad_active(self) -> bool | None:
+        """Whether ORT pulls the parameters through its weight-retrieval PythonOps (memory-efficient
+        gradient management), read from the graph; ``None`` before the first training step."""
+        graph = self.training_graph()
+        if graph is None:
+            return None
+        return any(node.op_type == "PythonOp" and node.name.startswith("weight_retrieval_") for node in graph.graph.node)
+
     def engine_status(self) -> EngineStatus:
         if not self._ran:
             backend = "not_run"

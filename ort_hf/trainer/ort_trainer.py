@@ -110,13 +110,6 @@ class ORTTrainer(Trainer):
             observer.observe(engine_module)  # the batch reaches the engine module, not the HF model
         wrapped: nn.Module = engine_module
         if self.args.parallel_mode == ParallelMode.DISTRIBUTED:
-            if self.args.ort_mem_efficient_grad_mgmt:
-                # ORT hands each gradient over with param.backward() from inside its own backward;
-                # DDP's reducer then sees the parameter ready twice and aborts the step.
-                raise ValueError(
-                    "--ort_mem_efficient_grad_mgmt does not work under DDP yet (DDP sees each gradient twice); "
-                    "drop it for multi-process runs, or use --ort_memory_opt_level to save memory instead."
-                )
             wrapped = self.accelerator.prepare_model(engine_module)  # DDP outside, ORTModule inside
         self._ort_train_model = wrapped
         return wrapped

@@ -161,6 +161,7 @@ class ORTTrainingArguments(TrainingArguments):
                     "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
+        self._fit_ddp_to_mem_efficient_gradients()
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
@@ -178,6 +179,21 @@ class ORTTrainingArguments(TrainingArguments):
         except ValueError as exc:
             # Name the command-line flag, not the internal dataclass field.
             raise ValueError(str(exc).replace("ORTOptions.", "--ort_")) from None
+
+    def _fit_ddp_to_mem_efficient_gradients(self) -> None:
+        # With memory-efficient gradients the parameters reach ORT's graph through PythonOps, not
+        # as inputs of ORT's autograd function, so DDP's find_unused_parameters search (the
+        # Trainer's default) marks every one unused after forward, and ORT's param.backward(grad)
+        # then marks it ready a second time: DDP aborts. Every parameter the graph uses does
+        # get its gradient, so the search is not needed.
+        if not (self.use_ort and self.ort_mem_efficient_grad_mgmt):
+            return
+        if self.ddp_find_unused_parameters:
+            raise ValueError(
+                "--ort_mem_efficient_grad_mgmt cannot run with --ddp_find_unused_parameters true (DDP would see each "
+                "gradient twice): drop --ddp_find_unused_parameters, or drop --ort_mem_efficient_grad_mgmt."
+            )
+        self.ddp_find_unused_parameters = False
 
     def _refuse_sharded_training(self) -> None:
         # DeepSpeed and FSDP wrap the model themselves; the Trainer hands them the HF model, not

@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="JSON result path (rank 0); parameters go to <out>.safetensors")
     parser.add_argument("--batch", type=int, required=True, help="per-device train batch size")
     parser.add_argument("--mem_efficient_grad", action="store_true", help="--ort_mem_efficient_grad_mgmt")
+    parser.add_argument("--accumulation", type=int, default=1, help="gradient_accumulation_steps")
     cli = parser.parse_args()
 
     torch.manual_seed(0)
@@ -73,7 +74,7 @@ def main() -> None:
             output_dir=output_dir, ort_fallback="disable", ort_log_level="ERROR", max_steps=STEPS, logging_steps=1,
             learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
             per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
-            ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad,
+            ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad, gradient_accumulation_steps=cli.accumulation,
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset())
         trainer.train()
@@ -89,6 +90,7 @@ def main() -> None:
         assert trainer._ort_train_model.module is trainer._ort_engine_module
     backend = trainer._ort_engine_module.engine_status().backend
     assert backend == "ort", f"rank {args.process_index}: backend {backend!r}"
+    assert trainer._ort_engine_module.mem_efficient_grad_active() is cli.mem_efficient_grad  # read from ORT's graph
 
     backends = [backend]
     if distributed:

@@ -48,6 +48,7 @@ def test_plans_parse_as_a_list():
         (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
         (["--ort_onnx_dir", "/tmp/x"], "--ort_onnx_dir"),
         (["--ort_loss_in_graph", "sometimes"], "--ort_loss_in_graph"),
+        (["--ort_mem_efficient_grad_mgmt", "--ddp_find_unused_parameters", "true"], "--ddp_find_unused_parameters"),
         (["--ort_density_print_every", "0"], "--ort_density_print_every"),
         (["--ort_memory_budget_mb", "-100"], "--ort_memory_budget_mb"),
         (["--ort_memory_budget_mb", "900", "--ort_memory_callback", "false"], "--ort_memory_callback"),
@@ -104,3 +105,9 @@ def test_a_folder_flag_given_a_file_names_the_flag(name, tmp_path):
 def test_memory_efficient_gradients_need_custom_autograd():
     with pytest.raises(ValueError, match="--ort_mem_efficient_grad_mgmt needs enable_custom_autograd"):
         _parse("--ort_mem_efficient_grad_mgmt", "true", "--ort_enable_custom_autograd", "false")
+
+
+def test_memory_efficient_gradients_turn_off_ddp_unused_parameter_search():
+    # DDP's search would mark every parameter unused, then ORT's param.backward(grad) ready again.
+    assert _parse("--ort_mem_efficient_grad_mgmt").ddp_find_unused_parameters is False
+    assert _parse().ddp_find_unused_parameters is None  # untouched otherwise: the Trainer decides
