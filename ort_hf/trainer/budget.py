@@ -1,13 +1,16 @@
 """Budget mode: the lightest recompute configuration whose measured peak fits the budget.
 
 Rungs, lightest first: no recompute; the cheapest of the plans ORT found (elementwise
-subgraphs, best bytes saved per unit of recompute cost, enough to cover the excess); layer-wise
-recompute (level 1); level 1 plus compromised plans (level 2). A rung that cannot cover the
-measured excess by ORT's own estimate is skipped, and at most two re-exports happen per batch
-size. With ``auto_find_batch_size``, a batch that fits at no rung is reported to the Trainer as
-out of memory (weights and optimizer state restored first), and the Trainer retries with a
-smaller batch (accelerate's search): the result is the largest batch that fits, with the
-lightest recompute for it.
+subgraphs, best bytes saved per unit of recompute cost); layer-wise recompute (level 1); level 1
+plus compromised plans (level 2). Training starts on the heaviest rung (level 2), so the probing
+steps stay under the budget whenever any rung can: a peak measured from outside the process is
+what the budget is about. When the measured peak fits, ORT's own plan table (bytes each enabled
+plan saves) estimates the peak of each lighter rung, and the trainer re-exports once to the
+lightest rung estimated to fit with a 5% margin; if that rung's measured peak does not fit after
+all, it goes back to the rung that did (a second re-export, the most there ever are).
+With ``auto_find_batch_size``, a batch that does not fit even at level 2 is reported to the
+Trainer as out of memory (weights and optimizer state restored first) and retried smaller
+(accelerate's search): the largest batch that fits, with the lightest recompute for it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from ..callbacks import MemoryObserverCallback
 logger = logging.getLogger(__name__)
 
 MAX_REEXPORTS = 2
+START_LEVEL = 2  # budget mode's first rung: the heaviest, the lowest peak
+MARGIN = 0.05  # a lighter rung is tried only when estimated at least 5% under the budget
 _HEAVY_OPS = ("MatMul", "Gemm", "Conv", "Attention")  # recomputing these costs a GEMM
 _OP_COST = {"Softmax": 5.0, "LayerNormalization": 5.0, "Gelu": 3.0, "Dropout": 3.0}
 
@@ -62,8 +67,9 @@ def cheap_plans(plans, excess_bytes: float) -> tuple[str, ...] | None:
 
 
 class MemoryBudgetController(TrainerCallback):
-    """Measures ``measure_steps`` steps after each export with the memory observer and walks the
-    rungs above until the per-step peak fits ``budget_mb``; logs what it tried and chose."""
+    """Measures ``measure_steps`` steps after each export with the memory observer, starting on
+    the heaviest rung, and moves to the lightest rung that fits ``budget_mb`` (see the module
+    docstring); logs what it tried and chose."""
 
     def __init__(self, trainer, budget_mb: float, observer: MemoryObserverCallback, measure_steps: int = 2):
         self.trainer = trainer
@@ -78,6 +84,7 @@ class MemoryBudgetController(TrainerCallback):
         self.done = False
         self.tried: list[dict] = []  # configurations tried at the current batch size
         self.reexports = 0
+        self.fitting = None  # (options, peak) of the lightest rung measured to fit so far
         self.steps_at_rung = 0
         self.peaks: list[float] = []
         self.step_seconds: list[float] = []
@@ -122,25 +129,43 @@ class MemoryBudgetController(TrainerCallback):
         }
         self.tried.append(entry)
         self.history.append(entry)
-        if peak <= self.budget_mb:
+        if peak > self.budget_mb:
+            if self.fitting is None:  # not even the heaviest rung fits
+                return self._finish(fits=False, options=options, peak=peak)
+            fitting, fitting_peak = self.fitting  # the lighter rung's estimate was wrong: go back
+            engine.reconfigure(fitting)
+            self.reexports += 1
+            return self._finish(fits=True, options=fitting, peak=fitting_peak)
+        self.fitting = (options, peak)
+        lighter = self._lightest_estimated_fit(options, engine.memory_plans() or [], peak)
+        if lighter is None or self.reexports >= MAX_REEXPORTS - 1:  # keep one re-export to go back
             return self._finish(fits=True, options=options, peak=peak)
-        following = self._next_options(options, engine, peak)
-        if following is None:
-            return self._finish(fits=False, options=options, peak=peak)
         self.reexports += 1
-        engine.reconfigure(following)
+        engine.reconfigure(lighter)
         self.steps_at_rung, self.peaks, self.step_seconds = 0, [], []
 
-    def _next_options(self, options, engine, peak_mb: float):
-        if self.reexports >= MAX_REEXPORTS or options.memory_opt_level == 2:
-            return None
-        if options.memory_opt_level == 0 and not options.memory_opt_plans:
-            plans = cheap_plans(engine.memory_plans(), (peak_mb - self.budget_mb) * 2**20)
-            if plans:
-                return dataclasses.replace(options, memory_opt_plans=plans)
-        if options.memory_opt_level == 0:
-            return dataclasses.replace(options, memory_opt_level=1, memory_opt_plans=())
-        return dataclasses.replace(options, memory_opt_level=2, memory_opt_plans=())
+    def _lightest_estimated_fit(self, options, plans, peak_mb: float):
+        """The lightest rung below the current one whose peak, estimated from ORT's plan table
+        (the current peak plus the bytes saved by the enabled plans it would turn off), is at
+        least MARGIN under the budget; None if there is none."""
+        target = self.budget_mb * (1 - MARGIN)
+        on = [p for p in plans if p.enabled]
+        mb = 1 / 2**20
+        no_recompute = peak_mb + sum(p.bytes_saved or 0 for p in on) * mb
+        candidates = [(no_recompute, dataclasses.replace(options, memory_opt_level=0, memory_opt_plans=()))]
+        chosen = cheap_plans(plans, (no_recompute - target) / mb) if no_recompute > target else None
+        if chosen:
+            saved = sum(p.bytes_saved or 0 for p in plans if p.plan in chosen) * mb
+            candidates.append((no_recompute - saved, dataclasses.replace(options, memory_opt_level=0,
+                                                                          memory_opt_plans=chosen)))
+        if options.memory_opt_level == 2:
+            compromised = sum(p.bytes_saved or 0 for p in on if p.plan.split(":")[1:2] != ["1"]) * mb
+            candidates.append((peak_mb + compromised, dataclasses.replace(options, memory_opt_level=1)))
+        current = _rung(options)
+        for estimate, candidate in candidates:  # lightest first
+            if _rung(candidate) < current and estimate <= target:
+                return candidate
+        return None
 
     def _finish(self, fits: bool, options, peak: float) -> None:
         self.done = True
@@ -180,6 +205,13 @@ class MemoryBudgetController(TrainerCallback):
         optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)  # accelerate's wrapper
         if optimizer is not None:
             optimizer.state.clear()
+
+
+def _rung(options) -> int:
+    """0 no recompute, 1 chosen plans, 2 level 1, 3 level 2."""
+    if options.memory_opt_level:
+        return 1 + options.memory_opt_level
+    return 1 if options.memory_opt_plans else 0
 
 
 def describe(level: int, plans) -> str:

@@ -128,6 +128,11 @@ class ORTTrainer(Trainer):
 
     def _training_options(self) -> ORTOptions:
         options = self.args.ort_options()
+        if self.args.ort_memory_budget_mb:
+            from .budget import START_LEVEL
+
+            # Budget mode starts on the heaviest rung and lightens from there (budget.py).
+            options = dataclasses.replace(options, memory_opt_level=START_LEVEL, memory_opt_plans=())
         if getattr(self.model, "is_activation_checkpointing", False):
             # Checkpoint functions cannot be exported; ORT's layer-wise recompute does the job.
             logger.warning("ort_hf: gradient checkpointing on the model is replaced by ORT layer-wise recompute.")
