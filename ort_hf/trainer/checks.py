@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import torch
@@ -33,20 +34,56 @@ def check_token_ids(inputs: dict, vocab_size: int | None) -> None:
         )
 
 
-def is_complete_checkpoint(path: str | Path) -> bool:
-    """The Trainer writes trainer_state.json last: a checkpoint whose state file is missing or
-    unreadable was interrupted while being written."""
-    state = Path(path) / TRAINER_STATE
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be resumed from, or None when it is intact.
+
+    The Trainer writes trainer_state.json last, so a save that was interrupted has no readable
+    state file. Files damaged afterwards (truncated or overwritten) are found by reading what
+    can be checked cheaply: every safetensors header against the file size, and the CRCs of the
+    zip archives torch.save writes (optimizer, scheduler, RNG states, training args).
+    """
+    path = Path(path)
     try:
-        with open(state) as f:
+        with open(path / TRAINER_STATE) as f:
             json.load(f)
-        return True
     except (OSError, ValueError):
-        return False
+        return f"{TRAINER_STATE} is missing or unreadable (the save was interrupted)"
+    for file in sorted(path.iterdir()):
+        problem = _file_problem(file)
+        if problem:
+            return f"{file.name} is damaged ({problem})"
+    return None
+
+
+def _file_problem(file: Path) -> str | None:
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), "pt") as f:  # parses the header, checks it against the file size
+                f.keys()
+        elif file.suffix in (".pt", ".pth", ".bin") and file.stat().st_size:
+            if not zipfile.is_zipfile(file):
+                return "not a torch.save archive: truncated or overwritten"
+            with zipfile.ZipFile(file) as archive:
+                bad = archive.testzip()
+            if bad:
+                return f"CRC mismatch in {bad}"
+        elif file.suffix == ".json":
+            with open(file) as f:
+                json.load(f)
+    except Exception as exc:  # safetensors raises its own error type
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    return checkpoint_problem(path) is None
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest ``checkpoint-N`` in ``output_dir`` that was completely written, or None."""
+    """The newest ``checkpoint-N`` in ``output_dir`` that is intact (completely written, not
+    damaged since), or None."""
     if not os.path.isdir(output_dir):
         return None
     steps = sorted(
@@ -55,9 +92,10 @@ def last_complete_checkpoint(output_dir: str | Path) -> str | None:
     )
     for _, name in steps:
         path = os.path.join(output_dir, name)
-        if is_complete_checkpoint(path):
+        problem = checkpoint_problem(path)
+        if problem is None:
             return path
-        logger.warning("ort_hf: skipping %s: it was not completely written (interrupted save).", path)
+        logger.warning("ort_hf: skipping %s: %s.", path, problem)
     return None
 
 

@@ -23,7 +23,8 @@ from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallb
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
-from .checks import check_token_ids, check_train_dataset, last_complete_checkpoint, unfinished_checkpoint_guard
+from .checks import (check_token_ids, check_train_dataset, checkpoint_problem, last_complete_checkpoint,
+                     unfinished_checkpoint_guard)
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,13 @@ class ORTTrainer(Trainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
-                raise ValueError(f"No completely written checkpoint found in {self.args.output_dir} to resume from.")
+                raise ValueError(f"No intact checkpoint found in {self.args.output_dir} to resume from.")
+        elif isinstance(resume_from_checkpoint, (str, os.PathLike)) and os.path.isdir(resume_from_checkpoint):
+            problem = checkpoint_problem(resume_from_checkpoint)
+            if problem:
+                intact = last_complete_checkpoint(os.path.dirname(os.path.abspath(resume_from_checkpoint)))
+                raise ValueError(f"Cannot resume from {resume_from_checkpoint}: {problem}. The newest intact checkpoint "
+                                 f"next to it is {intact or 'none'}; pass that, or resume_from_checkpoint=True.")
         # A checkpoint write that fails (full or read-only disk) ends with one message saying
         # which checkpoint is intact and how to resume.
         with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step):

@@ -1,20 +1,25 @@
-"""A checkpoint whose save was interrupted is never picked for resume."""
+"""A checkpoint whose save was interrupted, or whose files were damaged since, is never picked
+for resume; naming one explicitly gets a message pointing at the newest intact one."""
 
 import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
 
 from datasets import Dataset
 from tiny_models import FAMILIES, build
 from transformers import TrainerCallback
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
-from ort_hf.trainer.checks import is_complete_checkpoint, last_complete_checkpoint
+from ort_hf.trainer.checks import checkpoint_problem, is_complete_checkpoint, last_complete_checkpoint
 
 
 def test_half_written_checkpoints_are_skipped(tmp_path):
     for step, complete in ((10, True), (20, True), (30, False), (40, False)):
         ckpt = tmp_path / f"checkpoint-{step}"
         ckpt.mkdir()
-        (ckpt / "model.safetensors").write_bytes(b"x" * 10)
+        save_file({"w": torch.zeros(4)}, str(ckpt / "model.safetensors"))
         if complete:
             (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (tmp_path / "checkpoint-40" / "trainer_state.json").write_text('{"global_step": 4')  # killed mid-write
@@ -22,14 +27,19 @@ def test_half_written_checkpoints_are_skipped(tmp_path):
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")
 
 
-def test_resume_true_uses_the_last_complete_checkpoint(tmp_path):
-    data = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 16, "attention_mask": [[1] * 4] * 16, "labels": [1] * 16})
+DATA = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 16, "attention_mask": [[1] * 4] * 16, "labels": [1] * 16})
 
+
+def _trainer(out, max_steps):
+    args = ORTTrainingArguments(output_dir=str(out), max_steps=max_steps, save_steps=2,
+                                per_device_train_batch_size=8, report_to=[], disable_tqdm=True,
+                                ort_fallback="disable", ort_log_level="ERROR")
+    return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=DATA)
+
+
+def test_resume_true_uses_the_last_complete_checkpoint(tmp_path):
     def trainer(max_steps):
-        args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, save_steps=2,
-                                    per_device_train_batch_size=8, report_to=[], disable_tqdm=True,
-                                    ort_fallback="disable", ort_log_level="ERROR")
-        return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
+        return _trainer(tmp_path, max_steps)
 
     class CountSteps(TrainerCallback):
         steps = 0
@@ -46,3 +56,47 @@ def test_resume_true_uses_the_last_complete_checkpoint(tmp_path):
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 8
     assert CountSteps.steps == 4  # steps 5-8: continued from checkpoint-4, not the broken checkpoint-6
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _trainer(out, 4).train()
+    return out
+
+
+@pytest.mark.parametrize("damage", ["truncated model", "flipped optimizer bytes", "empty rng state"])
+def test_damaged_checkpoint_files_are_found(two_checkpoints, tmp_path, damage):
+    import shutil
+
+    ckpt = tmp_path / "checkpoint-4"
+    shutil.copytree(two_checkpoints / "checkpoint-4", ckpt)
+    assert checkpoint_problem(ckpt) is None  # intact as the Trainer wrote it
+    name = {"truncated model": "model.safetensors", "flipped optimizer bytes": "optimizer.pt",
+            "empty rng state": "rng_state.pth"}[damage]
+    target = ckpt / name
+    data = bytearray(target.read_bytes())
+    if damage == "truncated model":
+        data = data[: len(data) // 2]
+    elif damage == "flipped optimizer bytes":
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    else:
+        data = bytearray(b"\0" * 16)
+    target.write_bytes(bytes(data))
+    problem = checkpoint_problem(ckpt)
+    assert problem is not None and name in problem
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_named_when_asked_for(two_checkpoints, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    (out / "checkpoint-4" / "model.safetensors").write_bytes(b"overwritten")
+    assert last_complete_checkpoint(out) == str(out / "checkpoint-2")
+    with pytest.raises(ValueError, match=r"model.safetensors is damaged.*newest intact checkpoint next to it is .*checkpoint-2"):
+        _trainer(out, 6).train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    resumed = _trainer(out, 6)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 6 and resumed.ort_engine_status().backend == "ort"
