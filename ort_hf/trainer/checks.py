@@ -131,6 +131,20 @@ def unfinished_checkpoint_guard(output_dir: str, current_step):
         ) from exc
 
 
+def check_output_dir_writable(output_dir: str) -> None:
+    """Fail before training when checkpoints could not be written (read-only or unusable folder)."""
+    probe = Path(output_dir) / f".ort_hf-write-probe-{os.getpid()}"
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"--output_dir {output_dir} is not writable ({exc.strerror or exc}): no checkpoint could be saved. "
+            "Choose a writable folder (or --save_strategy no if you want none)."
+        ) from exc
+
+
 def check_train_dataset(dataset) -> None:
     if dataset is None:
         return

@@ -23,8 +23,8 @@ from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallb
 from ..engine import ORTOptions, wrap_model
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
-from .checks import (check_token_ids, check_train_dataset, checkpoint_problem, last_complete_checkpoint,
-                     unfinished_checkpoint_guard)
+from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
+                     last_complete_checkpoint, unfinished_checkpoint_guard)
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class ORTTrainer(Trainer):
         """As ``Trainer.train``; ``resume_from_checkpoint=True`` picks the newest checkpoint that
         was completely written (a save killed half-way is skipped, never loaded)."""
         check_train_dataset(self.train_dataset)
+        if self.args.should_save and self.args.save_strategy != "no":
+            check_output_dir_writable(self.args.output_dir)  # before hours of training, not at the first save
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:

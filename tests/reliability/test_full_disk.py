@@ -1,6 +1,7 @@
-"""A full disk (a real ENOSPC from a small tmpfs): the caches fall back with a warning, and a
-checkpoint that cannot be written ends the run with a message naming the intact checkpoint,
-from which the run resumes with the uninterrupted losses."""
+"""A full disk (a real ENOSPC from a small tmpfs) or a read-only one (a tmpfs mounted ro, which
+binds root too): the caches fall back with a warning, and a checkpoint that cannot be written
+ends the run with a message naming the intact checkpoint, from which the run resumes with the
+uninterrupted losses."""
 
 import json
 import subprocess
@@ -25,10 +26,11 @@ def small_disk(tmp_path):
     """mount(size_kb) -> a tmpfs folder of that size; remount(size_kb) grows it."""
     mounted = []
 
-    def mount(size_kb: int) -> Path:
+    def mount(size_kb: int, read_only: bool = False) -> Path:
         point = tmp_path / f"disk{len(mounted)}"
         point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(point)],
+        options = f"size={size_kb}k" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
                               capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"a full disk is simulated with a small tmpfs, and mounting one needs root / "
@@ -68,6 +70,27 @@ def test_a_full_extension_cache_disk_falls_back_to_a_temp_dir(small_disk):
     with pytest.warns(UserWarning, match="No space left on device"):
         chosen = extensions._writable_dir(disk / "extensions" / "key")
     assert chosen.is_dir() and not str(chosen).startswith(str(disk))
+
+
+def test_read_only_cache_disks_warn_and_train(small_disk):
+    disk = small_disk(64, read_only=True)
+    with pytest.warns(UserWarning, match="Read-only file system"):
+        chosen = extensions._writable_dir(disk / "extensions" / "key")
+    assert chosen.is_dir() and not str(chosen).startswith(str(disk))
+    proc = subprocess.run([sys.executable, str(CACHE_RUN), str(disk / "cache"), "eager"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["backend"] == "ort" and result["export_count"] == 1 and len(result["losses"]) == 3
+    assert any("cannot be used" in w and "Read-only file system" in w for w in result["warnings"]), result
+
+
+def test_a_read_only_output_dir_is_refused_before_training(small_disk):
+    disk = small_disk(64, read_only=True)
+    trainer = _trainer(disk)  # an existing folder: the Trainer's own makedirs passes, the first save would fail
+    with pytest.raises(ValueError, match=r"--output_dir .* is not writable \(Read-only file system\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and trainer.ort_engine_status() is None  # nothing ran
 
 
 def _dataset() -> Dataset:
