@@ -52,36 +52,40 @@ def _fill(folder: Path) -> None:
         assert exc.errno == 28  # ENOSPC: the disk is full now
 
 
-def test_a_full_export_cache_disk_warns_and_trains(small_disk):
-    disk = small_disk(64)
-    _fill(disk)
-    proc = subprocess.run([sys.executable, str(CACHE_RUN), str(disk / "cache"), "eager"],
+def _train_with_export_cache(cache_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(CACHE_RUN), str(cache_dir), "eager"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # Two exports: the one whose save hit the full disk, then one without the cache.
-    assert result["backend"] == "ort" and result["export_count"] == 2 and len(result["losses"]) == 3
+    assert result["backend"] == "ort" and len(result["losses"]) == 3
+    return result
+
+
+def _assert_extension_dir_falls_back(disk: Path, reason: str) -> None:
+    with pytest.warns(UserWarning, match=reason):
+        chosen = extensions._writable_dir(disk / "extensions" / "key")
+    assert chosen.is_dir() and not str(chosen).startswith(str(disk))
+
+
+def test_a_full_export_cache_disk_warns_and_trains(small_disk):
+    disk = small_disk(64)
+    _fill(disk)
+    result = _train_with_export_cache(disk / "cache")
+    assert result["export_count"] == 2  # the export whose save hit the full disk, then one without the cache
     assert any("No space left on device" in w and "without the cache" in w for w in result["warnings"]), result
 
 
 def test_a_full_extension_cache_disk_falls_back_to_a_temp_dir(small_disk):
     disk = small_disk(64)
     _fill(disk)
-    with pytest.warns(UserWarning, match="No space left on device"):
-        chosen = extensions._writable_dir(disk / "extensions" / "key")
-    assert chosen.is_dir() and not str(chosen).startswith(str(disk))
+    _assert_extension_dir_falls_back(disk, "No space left on device")
 
 
 def test_read_only_cache_disks_warn_and_train(small_disk):
     disk = small_disk(64, read_only=True)
-    with pytest.warns(UserWarning, match="Read-only file system"):
-        chosen = extensions._writable_dir(disk / "extensions" / "key")
-    assert chosen.is_dir() and not str(chosen).startswith(str(disk))
-    proc = subprocess.run([sys.executable, str(CACHE_RUN), str(disk / "cache"), "eager"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["backend"] == "ort" and result["export_count"] == 1 and len(result["losses"]) == 3
+    _assert_extension_dir_falls_back(disk, "Read-only file system")
+    result = _train_with_export_cache(disk / "cache")
+    assert result["export_count"] == 1
     assert any("cannot be used" in w and "Read-only file system" in w for w in result["warnings"]), result
 
 
