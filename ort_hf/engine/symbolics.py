@@ -221,7 +221,13 @@ def _sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
         # Masked scores become the dtype's lowest finite value (not -inf): a fully masked row
         # then softmaxes to a uniform row, which the validity factor zeroes.
         lowest = _const(g, torch.finfo(dtype).min, dtype)
-        scores = g.op("Where", keep, scores, lowest)
+        if dtype in (torch.float32, torch.float64):
+            # Added as a mask-shaped bias: the same values (lowest + a score rounds to lowest
+            # in float32/64), but no scores-sized Where forward and backward (ORT's CPU Where
+            # is slow; Add's gradient to the scores is the identity).
+            scores = g.op("Add", scores, g.op("Where", keep, _const(g, 0.0, dtype), lowest))
+        else:  # in half precision lowest + a negative score can overflow to -inf
+            scores = g.op("Where", keep, scores, lowest)
         if has_mask:  # causal alone never masks a whole row
             row_any = _reduce_max_last(g, g.op("Cast", keep, to_i=onnx_dtype))
             row_valid = ("mul", row_any)
