@@ -57,7 +57,7 @@ class ModuleWithLoss(nn.Module):
     def forward(self, labels: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None, **inputs):
         if not self.loss_in_graph:
             outputs = self.model(**inputs)
-            return {"logits": outputs["logits"] if isinstance(outputs, dict) else outputs[0]}
+            return {"logits": _output(outputs, "logits")}
         if labels is None:
             raise missing_labels_error(inputs)
         if self.compute_loss_func is not None:
@@ -66,7 +66,7 @@ class ModuleWithLoss(nn.Module):
         if not self._is_class_label(labels):
             # Regression and multi-label targets: the model's own loss (MSE / BCE).
             outputs = self.model(labels=labels, **inputs)
-            return {"loss": outputs["loss"] if isinstance(outputs, dict) else outputs[0]}
+            return {"loss": _output(outputs, "loss")}
         return {"loss": self.loss_from_outputs(self.model(**inputs), labels, num_items_in_batch)}
 
     def token_labels(self, labels: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ class ModuleWithLoss(nn.Module):
     def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
         """The cross-entropy of ``forward``, from the model's outputs (usable as a Trainer
         ``compute_loss_func``)."""
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        logits = _output(outputs, "logits")
         logits = logits.float().reshape(-1, logits.shape[-1])
         labels = self.token_labels(labels).to(logits.device)
         loss = self.loss_fct(logits, labels)
@@ -115,6 +115,11 @@ class ModuleWithLoss(nn.Module):
                 return False
             config.problem_type = "single_label_classification"  # as the model's own loss would set it
         return True
+
+
+def _output(outputs, key: str) -> torch.Tensor:
+    """``outputs[key]`` of a ModelOutput / dict, or the first element of a tuple output."""
+    return outputs[key] if isinstance(outputs, dict) else outputs[0]
 
 
 def missing_labels_error(batch) -> ValueError:

@@ -41,12 +41,16 @@ class BudgetExceeded(RuntimeError):
 def plan_cost(plan: str, frequency: int) -> float | None:
     """Recompute cost of one plan (``cluster:strategy:count``) in rough elementwise-op units, or
     ``None`` for plans that recompute a matrix multiply or use a compromised strategy."""
-    cluster, _, rest = plan.partition(":")
-    strategy = rest.split(":")[0]
+    cluster = plan.partition(":")[0]
     ops = [op for op in cluster.split("+") if op]
-    if strategy != "1" or any(heavy in op for op in ops for heavy in _HEAVY_OPS):
+    if _strategy(plan) != "1" or any(heavy in op for op in ops for heavy in _HEAVY_OPS):
         return None
     return max(frequency, 1) * sum(_OP_COST.get(op, 1.0) for op in ops)
+
+
+def _strategy(plan: str) -> str:
+    """The strategy field of a plan string ``cluster:strategy:count`` ("1" = plain recompute)."""
+    return (plan.split(":") + [""])[1]
 
 
 def cheap_plans(plans, excess_bytes: float) -> tuple[str, ...] | None:
@@ -159,7 +163,7 @@ class MemoryBudgetController(TrainerCallback):
             candidates.append((no_recompute - saved, dataclasses.replace(options, memory_opt_level=0,
                                                                           memory_opt_plans=chosen)))
         if options.memory_opt_level == 2:
-            compromised = sum(p.bytes_saved or 0 for p in on if p.plan.split(":")[1:2] != ["1"]) * mb
+            compromised = sum(p.bytes_saved or 0 for p in on if _strategy(p.plan) != "1") * mb
             candidates.append((peak_mb + compromised, dataclasses.replace(options, memory_opt_level=1)))
         current = _rung(options)
         for estimate, candidate in candidates:  # lightest first

@@ -269,7 +269,7 @@ class ORTTrainer(Trainer):
                         100 * stats["kept_tokens"] / stats["total_tokens"])
         if labels is None or labels.dim() < 2 or status.backend != "ort" or not self._loss_module.loss_in_graph:
             return  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove
-        density = float((labels != -100).float().mean())
+        density = self._loss_module.label_density(labels)  # as the loss sees them (after a causal shift)
         fired = bool(engine.label_sparsity_fired())
         self._pending_ort_logs.update({"ort/label_density": round(density, 4), "ort/label_sparsity": float(fired)})
         if fired:
