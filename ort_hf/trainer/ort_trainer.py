@@ -25,6 +25,7 @@ from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
+from .deepspeed import prepare_deepspeed
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,9 @@ class ORTTrainer(Trainer):
         for observer in self._observers():
             observer.observe(engine_module)  # the batch reaches the engine module, not the HF model
         wrapped: nn.Module = engine_module
-        if self.args.parallel_mode == ParallelMode.DISTRIBUTED:
+        if self.is_deepspeed_enabled:
+            wrapped = prepare_deepspeed(self, engine_module)  # ZeRO-1/2 outside, ORTModule inside
+        elif self.args.parallel_mode == ParallelMode.DISTRIBUTED:
             wrapped = self.accelerator.prepare_model(engine_module)  # DDP outside, ORTModule inside
         self._ort_train_model = wrapped
         return wrapped
@@ -183,6 +186,14 @@ class ORTTrainer(Trainer):
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         return str(path)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # Under DeepSpeed the parent reads the weights through DeepSpeed's engine, whose module is
+        # the ORT wrapper (keys would carry its prefixes). ZeRO-1/2 keep every weight whole in
+        # self.model: its own state dict is the plain HF checkpoint.
+        if self.is_deepspeed_enabled and self.args.use_ort:
+            state_dict = None
+        super()._save(output_dir, state_dict)
 
     # --- loss ------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from transformers import TrainingArguments
 
 from ..engine.options import ORTOptions
+from .deepspeed import check_deepspeed_args
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class ORTTrainingArguments(TrainingArguments):
         wants_ort_fused = self.optim == ADAMW_ORT_FUSED
         if wants_ort_fused:
             self.optim = "adamw_torch"
-        self._refuse_sharded_training()
+        self._refuse_fsdp()
         if self.use_ort and (self.gradient_checkpointing or self.activation_checkpointing):
             # ORT cannot export torch.utils.checkpoint functions; its layer-wise recompute
             # (memory optimizer level 1) is the equivalent. The two never run together.
@@ -162,6 +163,7 @@ class ORTTrainingArguments(TrainingArguments):
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
         self._fit_ddp_to_mem_efficient_gradients()
+        check_deepspeed_args(self)
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
@@ -195,17 +197,14 @@ class ORTTrainingArguments(TrainingArguments):
             )
         self.ddp_find_unused_parameters = False
 
-    def _refuse_sharded_training(self) -> None:
-        # DeepSpeed and FSDP wrap the model themselves; the Trainer hands them the HF model, not
-        # the ORT module, so ORT would silently not run (or crash deep in accelerate). Refuse
-        # before any weights load. DeepSpeed ZeRO-1/2 with ORT's FP16_Optimizer is CUDA-only and
-        # not wired yet (see the README's GPU section).
-        wrappers = [name for name, value in (("--deepspeed", self.deepspeed), ("--fsdp", self.fsdp)) if value]
-        if self.use_ort and wrappers:
+    def _refuse_fsdp(self) -> None:
+        # FSDP wraps the model itself; the Trainer hands it the HF model, not the ORT module, so
+        # ORT would silently not run (or crash deep in accelerate). Refuse before any weights load.
+        if self.use_ort and self.fsdp:
             raise ValueError(
-                f"ORTTrainer cannot train through ORT with {' and '.join(wrappers)} yet. Use DDP for several "
-                f"processes (torchrun / accelerate launch; ORT runs inside each), or keep {' and '.join(wrappers)} "
-                "and pass --use_ort false to train on the plain PyTorch path."
+                "ORTTrainer cannot train through ORT with --fsdp. Use DDP (torchrun / accelerate launch; ORT runs "
+                "inside each process) or DeepSpeed ZeRO-1/2 (--deepspeed), or keep --fsdp and pass --use_ort false "
+                "to train on the plain PyTorch path."
             )
 
     def ort_options(self) -> ORTOptions:

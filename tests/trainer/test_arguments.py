@@ -1,6 +1,7 @@
 """ORTTrainingArguments: flags from the command line, validation naming the flag, ORTOptions mirror."""
 
 import dataclasses
+import json
 
 import pytest
 from transformers import HfArgumentParser
@@ -53,7 +54,6 @@ def test_plans_parse_as_a_list():
         (["--ort_memory_budget_mb", "-100"], "--ort_memory_budget_mb"),
         (["--ort_memory_budget_mb", "900", "--ort_memory_callback", "false"], "--ort_memory_callback"),
         (["--fsdp", "full_shard"], "--use_ort false"),
-        (["--deepspeed", "ds_config.json"], "--use_ort false"),
     ],
 )
 def test_bad_values_name_the_flag(argv, flag):
@@ -72,6 +72,24 @@ def test_gradient_checkpointing_becomes_layerwise_recompute():
     assert args.ort_options().memory_opt_level == 1
     plain = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, use_ort=False, report_to=[])
     assert plain.activation_checkpointing  # PyTorch runs keep torch checkpointing
+
+
+@pytest.mark.parametrize(
+    "stage,extra,says",
+    [
+        (3, {}, "set zero_optimization.stage to 1 or 2"),
+        (2, {"ort_mem_efficient_grad_mgmt": True}, "--ort_mem_efficient_grad_mgmt"),
+        (2, {"ort_memory_budget_mb": 900}, "--ort_memory_budget_mb"),
+    ],
+)
+def test_deepspeed_refuses_what_ort_cannot_do_under_it(tmp_path, stage, extra, says):
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (it comes with the dev extra)")
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    with pytest.raises(ValueError, match=says):
+        ORTTrainingArguments(output_dir=str(tmp_path), deepspeed=str(config), use_cpu=True, report_to=[], **extra)
+    if stage == 3:  # ZeRO-3 stays available on the PyTorch path
+        ORTTrainingArguments(output_dir=str(tmp_path), deepspeed=str(config), use_cpu=True, report_to=[], use_ort=False)
 
 
 def test_sharded_wrappers_stay_available_on_the_pytorch_path():
