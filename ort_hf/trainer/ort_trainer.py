@@ -1,9 +1,9 @@
 """ORTTrainer: transformers.Trainer that trains through ONNX Runtime's ORTModule.
 
 It overrides narrow hooks only (``_wrap_model``, ``compute_loss``, ``get_optimizer_cls_and_kwargs``,
-``log``, ``_get_train_sampler``); the training loop, checkpointing, resume, evaluation and
-callbacks are the parent's. ``self.model`` stays the plain Hugging Face model, so saved
-checkpoints are ordinary HF checkpoints.
+``log``, ``_get_train_sampler``, ``_save``) and checks around ``train``; the training loop,
+checkpointing, resume, evaluation and callbacks are the parent's. ``self.model`` stays the plain
+Hugging Face model, so saved checkpoints are ordinary HF checkpoints.
 """
 
 from __future__ import annotations
