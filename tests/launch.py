@@ -73,3 +73,10 @@ def run_all(commands: dict[str, list[str]], timeout: float = TIMEOUT) -> dict[st
 def load_result(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The JSON a training script wrote to ``out`` and the parameters it saved next to it."""
     return json.loads(out.read_text()), load_file(str(out.with_suffix(".safetensors")))
+
+
+def assert_close_params(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], tol: float) -> None:
+    """Same parameter names, each tensor allclose (rtol ``tol``, atol ``tol / 10``)."""
+    assert got.keys() == ref.keys()
+    for name, value in ref.items():
+        torch.testing.assert_close(got[name], value, rtol=tol, atol=tol / 10, msg=lambda m: f"{name}: {m}")

@@ -51,6 +51,17 @@ def synthetic_dataset() -> Dataset:
     )
 
 
+def tiny_classifier() -> BertForSequenceClassification:
+    """The 2-layer BERT both launch scripts train, initialised from seed 0, dropout off."""
+    torch.manual_seed(0)
+    return BertForSequenceClassification(
+        BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0, attention_probs_dropout_prob=0, num_labels=2,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path, help="JSON result path (rank 0); parameters go to <out>.safetensors")
@@ -59,13 +70,7 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=1, help="gradient_accumulation_steps")
     cli = parser.parse_args()
 
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            hidden_dropout_prob=0, attention_probs_dropout_prob=0, num_labels=2,
-        )
-    )
+    model = tiny_classifier()
     # accelerate treats any ddp_backend as "initialise torch.distributed": only under torchrun.
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     init = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -21,15 +21,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
-from ddp_train import synthetic_dataset  # noqa: E402
-from transformers import BertConfig, BertForSequenceClassification, TrainerCallback  # noqa: E402
+from ddp_train import synthetic_dataset, tiny_classifier  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402
 
@@ -78,16 +77,10 @@ def main() -> None:
     use_ort = cli.use_ort == "true"
     deepspeed = cli.stage > 0
 
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            hidden_dropout_prob=0, attention_probs_dropout_prob=0, num_labels=2,
-        )
-    )
+    model = tiny_classifier()
     args = ORTTrainingArguments(
-        output_dir=str(cli.output_dir or cli.out.parent / f"{cli.out.stem}_run"), ort_fallback="disable", ort_log_level="ERROR",
-        max_steps=cli.steps, logging_steps=1, learning_rate=1e-3, warmup_steps=2, seed=0, report_to=[],
+        output_dir=str(cli.output_dir or cli.out.parent / f"{cli.out.stem}_run"), ort_fallback="disable",
+        ort_log_level="ERROR",        max_steps=cli.steps, logging_steps=1, learning_rate=1e-3, warmup_steps=2, seed=0, report_to=[],
         save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
         optim="adamw_torch", disable_tqdm=True, per_device_train_batch_size=cli.batch, use_cpu=not cli.fp16,
         use_ort=use_ort,

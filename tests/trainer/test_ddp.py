@@ -13,8 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-from launch import load_result, run_all, torchrun
+from launch import assert_close_params, load_result, run_all, torchrun
 
 SCRIPT = Path(__file__).resolve().parent / "ddp_train.py"
 STEPS = 10
@@ -35,9 +34,7 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     diffs = [abs(a - b) for a, b in zip(ddp["losses"], single["losses"])]
     assert max(diffs) <= 1e-4, f"per-step loss diffs {diffs}"
 
-    assert ddp_params.keys() == single_params.keys()
-    for name, ref in single_params.items():
-        torch.testing.assert_close(ddp_params[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert_close_params(ddp_params, single_params, 1e-4)
     # The comparison is about trained weights: the script counts tensors that left their init.
     assert ddp["changed_params"] == single["changed_params"] == len(single_params)
 
@@ -55,5 +52,4 @@ def test_ddp_with_memory_efficient_gradients_matches_plain_ddp(tmp_path):
     assert len(mem["losses"]) == STEPS
     assert max(abs(a - b) for a, b in zip(plain["losses"], mem["losses"])) <= 1e-5
     assert mem["changed_params"] == len(mem_params)
-    for name, ref in plain_params.items():
-        torch.testing.assert_close(mem_params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert_close_params(mem_params, plain_params, 1e-5)

@@ -15,20 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from launch import load_result, run_all, torchrun
+from launch import assert_close_params, load_result, run_all, torchrun
 from transformers import BertForSequenceClassification
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (it comes with the dev extra)")
 
 SCRIPT = Path(__file__).resolve().parent / "deepspeed_train.py"
 STEPS = 10
-
-
-def _assert_close_params(got: dict, ref: dict, tol: float) -> None:
-    assert got.keys() == ref.keys()
-    for name, value in ref.items():
-        torch.testing.assert_close(got[name], value, rtol=tol, atol=tol / 10, msg=lambda m: f"{name}: {m}")
 
 
 def _loss_diffs(a: dict, b: dict, steps) -> list[float]:
@@ -46,7 +39,7 @@ def test_zero2_through_ort_matches_one_process(tmp_path):
     assert ds["zero_optimizer"] == "DeepSpeedZeroOptimizer"
     assert len(ds["losses"]) == STEPS
     assert max(_loss_diffs(ds, one, range(1, STEPS + 1))) <= 1e-4
-    _assert_close_params(ds_params, one_params, 1e-4)
+    assert_close_params(ds_params, one_params, 1e-4)
     # ORT's FP16_Optimizer reached the ZeRO optimizer through accelerate's wrapper and said why it
     # left it unchanged on this machine (CPU, and DeepSpeed newer than the code ORT knows).
     assert ds["fp16_optimizer"].startswith("Skip modifying optimizer"), ds["fp16_optimizer"]
@@ -63,7 +56,7 @@ def test_zero1_with_config_optimizer_matches_plain_deepspeed(tmp_path):
     assert ort["backends"] == ["ort", "ort"] and pt["backends"] == ["pytorch", "pytorch"]
     assert len(ort["losses"]) == STEPS
     assert max(_loss_diffs(ort, pt, range(1, STEPS + 1))) <= 1e-5
-    _assert_close_params(ort_params, pt_params, 1e-5)
+    assert_close_params(ort_params, pt_params, 1e-5)
 
 
 def test_zero2_checkpoint_is_plain_hf_and_resume_continues(tmp_path):
@@ -81,4 +74,4 @@ def test_zero2_checkpoint_is_plain_hf_and_resume_continues(tmp_path):
     assert b["backends"] == ["ort", "ort"]
     assert a["steps_run"] == STEPS and b["steps_run"] == STEPS - 5  # continued from step 5, not retrained from the start
     assert max(_loss_diffs(a, b, range(6, STEPS + 1))) <= 1e-5
-    _assert_close_params(b_params, a_params, 1e-5)
+    assert_close_params(b_params, a_params, 1e-5)
