@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
                           AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaForCausalLM)
+from transformers.utils import ModelOutput
 
 from .spec import BenchSettings, Workload
 
@@ -35,28 +36,44 @@ def load_tokenizer(settings: BenchSettings):
 
 
 class MaskedHeadMLM(nn.Module):
-    """A masked LM's encoder and head, with the head (vocabulary projection) and the loss run on
-    the masked positions only: what ORT's label sparsity does, written by hand in PyTorch.
+    """A masked LM with its head (the vocabulary projection) and the loss run on the masked
+    positions only: what ORT's label sparsity does, written by hand in PyTorch.
 
-    Same loss as the model's own (sum over masked positions / ``num_items_in_batch``).
+    Works for any transformers masked LM whose head follows ``model.base_model``: a forward hook
+    on the base model keeps only the masked rows of its hidden states, so the model's own head
+    (BERT's ``cls``, RoBERTa's ``lm_head``, DistilBERT's ``vocab_*``, ALBERT's ``predictions``, ...)
+    sees ``[1, masked, hidden]``. Same loss as the model's own (sum over masked positions /
+    ``num_items_in_batch``); the decoder weight stays tied to the input embeddings.
     """
 
     def __init__(self, mlm: nn.Module):
         super().__init__()
-        self.encoder = mlm.base_model
-        head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
-        if head is None:
-            raise ValueError(f"masked-head knows BERT (.cls) and RoBERTa (.lm_head) heads, not {type(mlm).__name__}")
-        self.head = head  # the decoder weight stays tied to the input embeddings
+        if getattr(mlm, "base_model", mlm) is mlm:
+            raise ValueError(f"masked-head needs a masked LM with a base model and a head, not {type(mlm).__name__}")
+        self.mlm = mlm
         self.config = mlm.config
         self.loss_fct = nn.CrossEntropyLoss(reduction="sum")
+        self._picked: torch.Tensor | None = None
+        mlm.base_model.register_forward_hook(self._keep_masked_rows)
+
+    def _keep_masked_rows(self, module, args, output):
+        if self._picked is None:
+            return output
+        hidden = output[0]
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._picked).unsqueeze(0)
+        if isinstance(output, ModelOutput):
+            output[next(iter(output.keys()))] = rows
+            return output
+        return (rows, *output[1:])
 
     def forward(self, input_ids, labels, attention_mask=None, num_items_in_batch=None, **inputs):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **inputs)[0]
         flat_labels = labels.reshape(-1)
-        picked = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
-        loss = self.loss_fct(self.head(rows).float(), flat_labels.index_select(0, picked))
+        self._picked = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+        try:
+            logits = self.mlm(input_ids=input_ids, attention_mask=attention_mask, **inputs).logits
+        finally:
+            picked, self._picked = self._picked, None
+        loss = self.loss_fct(logits.reshape(-1, logits.shape[-1]).float(), flat_labels.index_select(0, picked))
         count = num_items_in_batch if num_items_in_batch is not None else picked.numel()
         return {"loss": loss / count}
 

@@ -133,7 +133,9 @@ class ORTTrainer(Trainer):
         self._loss_module = ModuleWithLoss(
             self.model,
             label_smoothing=self.args.label_smoothing_factor,
-            shift_labels=self._loss_shifts_labels,
+            # transformers' flag misses causal LMs whose loss_type is unset (GPT2LMHeadModel):
+            # when it says False, ModuleWithLoss decides from the model's class.
+            shift_labels=True if self._loss_shifts_labels else None,
             compute_loss_func=self.compute_loss_func,
         )
         return self._loss_module

@@ -22,13 +22,13 @@ def _clm_dataset(prompt_len: int) -> Dataset:
                               "labels": labels.tolist()})
 
 
-def _train(cls_trainer, cls_args, out, dataset, **kw):
+def _train(cls_trainer, cls_args, out, dataset, family="llama-clm", **kw):
     args = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2,
                 learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no", disable_tqdm=True)
     if cls_args is ORTTrainingArguments:
         args.update(ort_fallback="disable", ort_log_level="ERROR")  # an ORT failure raises: no silent PyTorch
     args.update(kw)
-    model = build(FAMILIES["llama-clm"])
+    model = build(FAMILIES[family])
     trainer = cls_trainer(model=model, args=cls_args(**args), train_dataset=dataset)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -57,6 +57,23 @@ def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs
     assert len(losses) == 6 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("placement", ["auto", "always"])
+def test_gpt2_labels_are_shifted_like_its_own_loss(tmp_path, placement):
+    """GPT2LMHeadModel has no loss_type, so transformers' Trainer does not flag it as shifting
+    its labels; ModuleWithLoss must shift them anyway, in PyTorch and in the ORT graph."""
+    data = _clm_dataset(0)
+    _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", data, family="gpt2-clm")
+    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", data, family="gpt2-clm",
+                                     ort_loss_in_graph=placement)
+    assert trainer.ort_engine_status().backend == "ort"
+    assert trainer._loss_module.shift_labels is True
+    assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
+    # Adam turns float rounding in near-zero gradients into steps of up to lr (1e-3): a few
+    # weights of GPT-2 land ~1e-4 apart after 6 steps. Unshifted labels move them far more.
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-4, atol=3e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_prompt_masked_labels_keep_the_loss_in_the_graph(pytorch_runs, tmp_path):
