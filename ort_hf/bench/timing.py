@@ -9,20 +9,33 @@ from transformers import TrainerCallback
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step, from ``on_step_begin`` to ``on_step_end``: forward,
-    backward, clipping, optimizer and zero_grad. Batch loading happens before ``on_step_begin``
-    (the Trainer prefetches the step's batches) and logging after ``on_step_end``, so neither
-    is counted; both are identical across variants."""
+    """Wall time of each optimizer step, two ways.
+
+    ``cycles``: from the end of the previous step to the end of this one (the first from
+    ``on_train_begin``), so everything the training loop does per step is in it: loading and
+    collating the batch, forward, backward, clipping, optimizer, zero_grad, every callback and
+    the previous step's logging. Throughput is computed from these: an outside observer timing
+    the same loop (``train_runtime``, a stopwatch between log lines) sees the same.
+    ``seconds``: ``on_step_begin`` to ``on_step_end`` only (the step's compute), to show how much
+    of a cycle the rest of the loop takes."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.cycles: list[float] = []
         self._start = 0.0
+        self._last_end = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_end = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.perf_counter() - self._start)
+        now = time.perf_counter()
+        self.seconds.append(now - self._start)
+        self.cycles.append(now - self._last_end)
+        self._last_end = now
 
 
 class CountingCollator:

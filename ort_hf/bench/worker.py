@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -98,7 +99,8 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             return {"status": "failed", "reason": _reason(exc)}
         history = trainer.state.log_history
     warm = settings.warmup_steps
-    seconds = timer.seconds[warm:]
+    seconds = timer.cycles[warm:]
+    compute = timer.seconds[warm:]
     batches = counter.batches[warm : warm + len(seconds)]
     total = sum(seconds)
     status = trainer.ort_engine_status()
@@ -115,8 +117,10 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "engine": engine,
         "fallback_reason": status.fallback_reason if status is not None else None,
         "measured_steps": len(seconds),
-        "warmup_s": timer.seconds[:warm],
+        "warmup_s": timer.cycles[:warm],
         "step_times_s": seconds,
+        "compute_times_s": compute,
+        "loop_overhead_median_s": statistics.median(c - s for c, s in zip(seconds, compute)) if seconds else None,
         "samples": sum(b[0] for b in batches),
         "non_padding_tokens": sum(b[1] for b in batches),
         "samples_per_s": sum(b[0] for b in batches) / total,

@@ -55,6 +55,10 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert {"command", "threads", "versions"} <= set(report["conditions"])
     runs = [r for r in report["runs"] if r["status"] == "ok"]
     assert len(runs) == 2 and all(r["samples"] == 6 and r["omp_num_threads"] for r in runs)
+    for run in runs:  # throughput from whole loop cycles, each one at least its step's compute
+        assert len(run["step_times_s"]) == len(run["compute_times_s"]) == 3
+        assert all(cycle >= compute > 0 for cycle, compute in zip(run["step_times_s"], run["compute_times_s"]))
+        assert run["samples_per_s"] == pytest.approx(run["samples"] / sum(run["step_times_s"]))
 
     table = (out / "bench.md").read_text()
     assert "| sst2-dynamic | ort | ort |" in table and "| sst2-dynamic | eager | pytorch |" in table
