@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     results = run_all(args.workloads, variants, args.rounds, settings, out, args.timeout,
                       echo=lambda line: print(line, flush=True), resume=args.resume)
     rows = summarize(results)
-    goals = targets(rows)
+    goals = targets(rows, model=Path(settings.model_dir).name if settings.model_dir else "MiniLM")
     conditions = _conditions(args, settings, argv, load_before, results)
     text = markdown(rows, goals, conditions)
     (out / "bench.md").write_text(text)

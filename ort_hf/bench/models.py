@@ -32,7 +32,12 @@ def model_dir(settings: BenchSettings) -> Path:
 
 
 def load_tokenizer(settings: BenchSettings):
-    return AutoTokenizer.from_pretrained(model_dir(settings))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(settings))
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # Decoder tokenizers (GPT-2, Llama) have no pad token; padded batches need one. Padding
+        # is masked out, so which token it is does not change the loss.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 class MaskedHeadMLM(nn.Module):
@@ -108,7 +113,10 @@ def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_h
         model = AutoModelForMaskedLM.from_pretrained(path, config=_config(settings))
         return MaskedHeadMLM(model) if masked_head else model
     if workload.task == "cls":
-        return AutoModelForSequenceClassification.from_pretrained(path, config=_config(settings, num_labels=2))
+        config = _config(settings, num_labels=2)
+        if config.pad_token_id is None:  # decoder classifiers find each row's last token by it
+            config.pad_token_id = tokenizer.pad_token_id
+        return AutoModelForSequenceClassification.from_pretrained(path, config=config)
     config = AutoConfig.from_pretrained(path)
     if _is_causal(config):  # a user's own causal LM
         return AutoModelForCausalLM.from_pretrained(path, config=_config(settings, use_cache=False))

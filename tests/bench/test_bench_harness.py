@@ -53,6 +53,10 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert rows_by_variant["ort"]["export_s"] > 0
     assert "final_loss_rel_diff" in rows_by_variant["ort"]
     assert {"command", "threads", "versions"} <= set(report["conditions"])
+    goals = {t["target"]: t for t in report["targets"]}
+    speedup = rows_by_variant["ort"]["speedup"]
+    assert goals["no workload slower than eager by more than 3% (ort defaults)"]["met"] == (speedup >= 0.97)
+    assert f"sst2-dynamic: ORT export + session ({tiny_model_dir.name}) <= 5 s" in goals  # the model it ran
     runs = [r for r in report["runs"] if r["status"] == "ok"]
     assert len(runs) == 2 and all(r["samples"] == 6 and r["omp_num_threads"] for r in runs)
     for run in runs:  # throughput from whole loop cycles, each one at least its step's compute
