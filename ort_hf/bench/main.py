@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=None, help="default: 16 (mlm, sst2), 8 (clm)")
     parser.add_argument("--seq_len", type=int, default=None, help="default: 128 (mlm, sst2), 256 (clm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                        help="OMP_NUM_THREADS and torch threads, the same for every variant (default: all cores)")
+                        help="OMP_NUM_THREADS, torch threads and ORT's intra-op threads, the same for every variant "
+                        "(default: all cores)")
     parser.add_argument("--dropout", type=float, default=0.0,
                         help="dropout set in the model config (default 0 so loss curves compare across engines; "
                         "negative keeps the model's)")
@@ -73,8 +74,8 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "versions": (f"Python {platform.python_version()}, torch {version('torch')}, transformers "
                      f"{version('transformers')}, onnxruntime-training-cpu {version('onnxruntime-training-cpu')}"),
         "threads": (f"OMP_NUM_THREADS={settings.threads}, MKL_NUM_THREADS={settings.threads}, "
-                    f"torch.set_num_threads({settings.threads}) in every worker; ORT's intra-op pool at its "
-                    "default (one thread per core)"),
+                    f"torch.set_num_threads({settings.threads}) and ORT's intra-op pool of {settings.threads} "
+                    "(--ort_intra_op_threads) in every worker"),
         "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps} measured steps, "
                      f"batch {settings.batch_size or 'workload default'}, seq {settings.seq_len or 'workload default'}, "
                      f"dropout {'model default' if settings.dropout is None else settings.dropout}, "

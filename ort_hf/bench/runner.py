@@ -19,7 +19,7 @@ from .worker import settings_argv
 
 def worker_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    # The same thread settings for every variant; ORT's own pool sizes itself to the cores.
+    # The same thread settings for every variant (the worker sizes ORT's pool to match).
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     return env

@@ -90,6 +90,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             ort_memory_opt_level=variant.memory_opt_level,
             ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
+            ort_intra_op_threads=settings.threads,  # ORT's pool would otherwise take every core
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=dataset, data_collator=counter, callbacks=[timer])
         try:
@@ -98,6 +99,8 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             traceback.print_exc()
             return {"status": "failed", "reason": _reason(exc)}
         history = trainer.state.log_history
+        engine_module = trainer._ort_engine_module
+        ort_threads = engine_module.intra_op_threads() if engine_module is not None else None
     warm = settings.warmup_steps
     seconds = timer.cycles[warm:]
     compute = timer.seconds[warm:]
@@ -137,6 +140,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "final_step": losses[-1][0] if losses else None,
         "final_loss": losses[-1][1] if losses else None,
         "torch_threads": torch.get_num_threads(),
+        "ort_intra_op_threads": ort_threads,
     }
 
 

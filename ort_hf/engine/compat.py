@@ -27,6 +27,7 @@ class ExportRecord:
 
     enable_label_sparsity: bool = True
     enable_mem_reuse: bool = False
+    intra_op_threads: int = 0  # 0: ORT's default pool size
     export_count: int = 0
     export_seconds: float = 0.0
 
@@ -170,8 +171,9 @@ def _bridge_sparsity_switches() -> None:
     GTM._add_check_label_sparsity_hook = staticmethod(add_label_hook)
 
 
-def _bridge_session_mem_reuse() -> None:
-    # ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
+def _bridge_session_options() -> None:
+    # Per-model session options ORTModule does not expose. Threads: the intra-op pool size.
+    # Memory reuse: ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
     # GraphExecutionManager._get_session_config, so backward holds every activation and the
     # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES: level 1 peaked at
     # 1,646 MB without reuse, 1,138 MB with it, losses equal). The active model's
@@ -188,6 +190,9 @@ def _bridge_session_mem_reuse() -> None:
         record = ACTIVE_EXPORT_RECORD.get()
         if record is not None and record.enable_mem_reuse:
             session_options.enable_mem_reuse = True
+        if record is not None and record.intra_op_threads:
+            # ORTModule exposes no thread setting; its session otherwise takes one thread per core.
+            session_options.intra_op_num_threads = record.intra_op_threads
         return session_options, providers, provider_options
 
     get_session_config._ort_hf_bridge = True
@@ -260,7 +265,7 @@ def apply_ort_bridges() -> None:
             return
         _bridge_cpu_nvtx()
         _bridge_sparsity_switches()
-        _bridge_session_mem_reuse()
+        _bridge_session_options()
         _bridge_mem_efficient_grad_device()
         _bridge_export_cache()
         _ort_done = True

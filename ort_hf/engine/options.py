@@ -61,6 +61,9 @@ class ORTOptions:
         trim_padding: drop trailing all-padding columns of each training batch before ORT runs
             it (results unchanged: those positions are masked out and carry no label). ``None``
             = on for CPU models, off on CUDA, where ORT's own padding elimination applies.
+        intra_op_threads: threads of ORT's intra-op pool. ``None`` = ORT's default (one per
+            physical core), whatever ``torch.set_num_threads`` says; set it to give ORT the
+            same threads as PyTorch.
     """
 
     log_level: str = "WARNING"
@@ -82,6 +85,7 @@ class ORTOptions:
     eval_in_ort: bool = False
     trim_padding: bool | None = None
     enable_mem_reuse: bool | None = None
+    intra_op_threads: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -104,6 +108,14 @@ class ORTOptions:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"ORTOptions.{name} must be True, False or None (auto), got {value!r}.")
+        if self.intra_op_threads is not None and (
+            isinstance(self.intra_op_threads, bool) or not isinstance(self.intra_op_threads, int)
+            or self.intra_op_threads < 1
+        ):
+            raise ValueError(
+                f"ORTOptions.intra_op_threads must be a positive integer or None (ORT's default: one per "
+                f"core), got {self.intra_op_threads!r}."
+            )
         if not isinstance(self.opset_version, int) or not MIN_OPSET <= self.opset_version <= MAX_OPSET:
             raise ValueError(
                 f"ORTOptions.opset_version must be an integer from {MIN_OPSET} to {MAX_OPSET}, "

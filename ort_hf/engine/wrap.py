@@ -121,7 +121,8 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(
             self,
             "_record",
-            compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on),
+            compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
+                                intra_op_threads=options.intra_op_threads or 0),
         )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
@@ -241,6 +242,13 @@ class ORTTrainingModule(nn.Module):
         manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
         onnx_models = getattr(manager, "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
+
+    def intra_op_threads(self) -> int | None:
+        """Threads of the training session's intra-op pool as ORT was asked to size it (0 = ORT's
+        default, one per core); ``None`` before the first training step or after a fallback."""
+        manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
+        session = getattr(getattr(manager, "_execution_agent", None), "_inference_session", None)
+        return None if session is None else session.get_session_options().intra_op_num_threads
 
     def memory_plans(self) -> list[MemoryPlan] | None:
         """The memory optimizer's plan table (after the first training step), largest saving first."""

@@ -136,6 +136,13 @@ class ORTTrainingArguments(TrainingArguments):
     ort_eval_in_ort: bool = field(
         default=False, metadata={"help": "Evaluate/predict through ORT's inference mode instead of PyTorch."}
     )
+    ort_intra_op_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "Threads of ORT's intra-op pool. Default: ORT's own (one per physical core), independent of "
+            "torch.set_num_threads / OMP_NUM_THREADS."
+        },
+    )
 
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no

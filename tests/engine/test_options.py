@@ -27,6 +27,9 @@ BAD_VALUES = [
     ("use_triton", "1"),
     ("use_efficient_attention", 2),
     ("eval_in_ort", "false"),
+    ("intra_op_threads", 0),
+    ("intra_op_threads", "2"),
+    ("intra_op_threads", True),
 ]
 
 
@@ -65,6 +68,11 @@ def test_scoped_environ_restores_on_error(monkeypatch):
 
 
 def test_wrap_model_leaves_environ_unchanged():
+    from ort_hf.engine.runtime import ensure_engine
+
+    # Importing ORT once per process has side effects of its own (it imports DeepSpeed when
+    # installed, which sets PYTORCH_NVML_BASED_CUDA_CHECK); this test is about each wrap.
+    ensure_engine()
     before = dict(os.environ)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     opts = ORTOptions(fallback="disable", log_level="ERROR", memory_opt_level=1, enable_embedding_sparsity=False)
@@ -89,3 +97,18 @@ def test_switches_that_crashed_ort_now_train(switches):
     wrapped.train()
     wrapped(**make_batch("mlm", torch.Generator().manual_seed(0))).loss.backward()
     assert wrapped.engine_status().backend == "ort"
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_intra_op_threads_size_the_training_session(threads):
+    """ORT sizes its pool to the cores whatever torch uses; intra_op_threads pins it (the
+    benchmark gives ORT the threads it gives PyTorch)."""
+    from tiny_models import FAMILIES, build, make_batch
+
+    wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="disable", log_level="ERROR",
+                                                                 intra_op_threads=threads))
+    wrapped.train()
+    assert wrapped.intra_op_threads() is None  # no session before the first step
+    wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
+    assert wrapped.engine_status().backend == "ort"
+    assert wrapped.intra_op_threads() == (threads or 0)
