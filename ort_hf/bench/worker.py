@@ -100,7 +100,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             return {"status": "failed", "reason": _reason(exc)}
         history = trainer.state.log_history
         engine_module = trainer._ort_engine_module
-        ort_threads = engine_module.intra_op_threads() if engine_module is not None else None
+        threading = engine_module.session_threading() if engine_module is not None else None
     warm = settings.warmup_steps
     seconds = timer.cycles[warm:]
     compute = timer.seconds[warm:]
@@ -140,7 +140,8 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "final_step": losses[-1][0] if losses else None,
         "final_loss": losses[-1][1] if losses else None,
         "torch_threads": torch.get_num_threads(),
-        "ort_intra_op_threads": ort_threads,
+        "ort_intra_op_threads": threading["threads"] if threading else None,
+        "ort_intra_op_spinning": threading["spinning"] if threading else None,
     }
 
 

@@ -28,6 +28,7 @@ class ExportRecord:
     enable_label_sparsity: bool = True
     enable_mem_reuse: bool = False
     intra_op_threads: int = 0  # 0: ORT's default pool size
+    intra_op_spinning: bool = True
     export_count: int = 0
     export_seconds: float = 0.0
 
@@ -193,6 +194,8 @@ def _bridge_session_options() -> None:
         if record is not None and record.intra_op_threads:
             # ORTModule exposes no thread setting; its session otherwise takes one thread per core.
             session_options.intra_op_num_threads = record.intra_op_threads
+        if record is not None and not record.intra_op_spinning:
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return session_options, providers, provider_options
 
     get_session_config._ort_hf_bridge = True

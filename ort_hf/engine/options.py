@@ -64,6 +64,10 @@ class ORTOptions:
         intra_op_threads: threads of ORT's intra-op pool. ``None`` = ORT's default (one per
             physical core), whatever ``torch.set_num_threads`` says; set it to give ORT the
             same threads as PyTorch.
+        intra_op_spinning: let the idle threads of ORT's pool spin between kernels. Spinning
+            threads hold the cores that the kernels ORT hands to PyTorch (the ATen ops:
+            embeddings and their gradients) need, so each such kernel waits for the scheduler
+            (2-3 ms per call on 2 cores). ``None`` = off for CPU models, ORT's default (on) on CUDA.
     """
 
     log_level: str = "WARNING"
@@ -86,6 +90,7 @@ class ORTOptions:
     trim_padding: bool | None = None
     enable_mem_reuse: bool | None = None
     intra_op_threads: int | None = None
+    intra_op_spinning: bool | None = None
 
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -104,7 +109,7 @@ class ORTOptions:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ORTOptions.{name} must be True or False, got {getattr(self, name)!r}.")
-        for name in ("trim_padding", "enable_mem_reuse"):
+        for name in ("trim_padding", "enable_mem_reuse", "intra_op_spinning"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"ORTOptions.{name} must be True, False or None (auto), got {value!r}.")

@@ -118,16 +118,17 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_ort", ort_module)
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
+        on_cuda = any(p.is_cuda for p in module.parameters())
+        spinning = options.intra_op_spinning if options.intra_op_spinning is not None else on_cuda
         object.__setattr__(
             self,
             "_record",
             compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
-                                intra_op_threads=options.intra_op_threads or 0),
+                                intra_op_threads=options.intra_op_threads or 0, intra_op_spinning=spinning),
         )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
         object.__setattr__(self, "_use_pytorch", False)
-        on_cuda = any(p.is_cuda for p in module.parameters())
         trim = options.trim_padding if options.trim_padding is not None else not on_cuda
         object.__setattr__(self, "_trim_padding", trim)
         object.__setattr__(self, "padding_stats", {"kept_tokens": 0, "total_tokens": 0})
@@ -243,12 +244,20 @@ class ORTTrainingModule(nn.Module):
         onnx_models = getattr(manager, "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
 
-    def intra_op_threads(self) -> int | None:
-        """Threads of the training session's intra-op pool as ORT was asked to size it (0 = ORT's
-        default, one per core); ``None`` before the first training step or after a fallback."""
+    def session_threading(self) -> dict | None:
+        """The training session's intra-op pool as ORT was asked to run it: ``threads`` (0 = ORT's
+        default, one per core) and ``spinning``; ``None`` before the first training step or
+        after a fallback."""
         manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
         session = getattr(getattr(manager, "_execution_agent", None), "_inference_session", None)
-        return None if session is None else session.get_session_options().intra_op_num_threads
+        if session is None:
+            return None
+        options = session.get_session_options()
+        try:
+            spinning = options.get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: ORT's default, spinning
+            spinning = "1"
+        return {"threads": options.intra_op_num_threads, "spinning": spinning != "0"}
 
     def memory_plans(self) -> list[MemoryPlan] | None:
         """The memory optimizer's plan table (after the first training step), largest saving first."""

@@ -143,6 +143,13 @@ class ORTTrainingArguments(TrainingArguments):
             "torch.set_num_threads / OMP_NUM_THREADS."
         },
     )
+    ort_intra_op_spinning: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Let ORT's idle pool threads spin between kernels. Spinning holds the cores the PyTorch kernels "
+            "ORT calls (embeddings) need. Default: off on CPU, ORT's default (on) on CUDA."
+        },
+    )
 
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no

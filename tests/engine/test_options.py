@@ -30,6 +30,7 @@ BAD_VALUES = [
     ("intra_op_threads", 0),
     ("intra_op_threads", "2"),
     ("intra_op_threads", True),
+    ("intra_op_spinning", "no"),
 ]
 
 
@@ -99,16 +100,17 @@ def test_switches_that_crashed_ort_now_train(switches):
     assert wrapped.engine_status().backend == "ort"
 
 
-@pytest.mark.parametrize("threads", [None, 1])
-def test_intra_op_threads_size_the_training_session(threads):
+@pytest.mark.parametrize("threads,spinning,expected", [(None, None, False), (1, True, True), (None, False, False)])
+def test_intra_op_threads_and_spinning_reach_the_training_session(threads, spinning, expected):
     """ORT sizes its pool to the cores whatever torch uses; intra_op_threads pins it (the
-    benchmark gives ORT the threads it gives PyTorch)."""
+    benchmark gives ORT the threads it gives PyTorch). Spinning (off by default on CPU) is read
+    back from the live session."""
     from tiny_models import FAMILIES, build, make_batch
 
     wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="disable", log_level="ERROR",
-                                                                 intra_op_threads=threads))
+                                                                 intra_op_threads=threads, intra_op_spinning=spinning))
     wrapped.train()
-    assert wrapped.intra_op_threads() is None  # no session before the first step
+    assert wrapped.session_threading() is None  # no session before the first step
     wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
     assert wrapped.engine_status().backend == "ort"
-    assert wrapped.intra_op_threads() == (threads or 0)
+    assert wrapped.session_threading() == {"threads": threads or 0, "spinning": expected}
