@@ -173,7 +173,8 @@ def _bridge_sparsity_switches() -> None:
 
 
 def _bridge_session_options() -> None:
-    # Per-model session options ORTModule does not expose. Threads: the intra-op pool size.
+    # Per-model session options ORTModule does not expose. Threads: the intra-op pool size and
+    # whether its idle threads spin (ORTOptions.intra_op_threads / intra_op_spinning).
     # Memory reuse: ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
     # GraphExecutionManager._get_session_config, so backward holds every activation and the
     # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES: level 1 peaked at
