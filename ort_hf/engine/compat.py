@@ -27,7 +27,7 @@ class ExportRecord:
 
     enable_label_sparsity: bool = True
     enable_mem_reuse: bool = False
-    intra_op_threads: int = 0  # 0: ORT's default pool size
+    intra_op_threads: int | None = None  # None: ORT's default pool size
     intra_op_spinning: bool = True
     export_count: int = 0
     export_seconds: float = 0.0
@@ -190,12 +190,14 @@ def _bridge_session_options() -> None:
     def get_session_config(self):
         session_options, providers, provider_options = original(self)
         record = ACTIVE_EXPORT_RECORD.get()
-        if record is not None and record.enable_mem_reuse:
+        if record is None:
+            return session_options, providers, provider_options
+        if record.enable_mem_reuse:
             session_options.enable_mem_reuse = True
-        if record is not None and record.intra_op_threads:
+        if record.intra_op_threads is not None:
             # ORTModule exposes no thread setting; its session otherwise takes one thread per core.
             session_options.intra_op_num_threads = record.intra_op_threads
-        if record is not None and not record.intra_op_spinning:
+        if not record.intra_op_spinning:
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return session_options, providers, provider_options
 

@@ -124,7 +124,7 @@ class ORTTrainingModule(nn.Module):
             self,
             "_record",
             compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
-                                intra_op_threads=options.intra_op_threads or 0, intra_op_spinning=spinning),
+                                intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning),
         )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
@@ -236,20 +236,22 @@ class ORTTrainingModule(nn.Module):
 
         onnxruntime.set_seed(seed % (2**63))
 
+    def _training_manager(self):
+        """ORTModule's training execution manager (``None`` if ORT was never brought up)."""
+        return self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
+
     def training_graph(self):
         """The optimised ONNX training graph (forward + gradient) ORT built, after the first
         training step; ``None`` before it or after a fallback. For inspection: check graphs,
         not banners."""
-        manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
-        onnx_models = getattr(manager, "_onnx_models", None)
+        onnx_models = getattr(self._training_manager(), "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
 
     def session_threading(self) -> dict | None:
         """The training session's intra-op pool as ORT was asked to run it: ``threads`` (0 = ORT's
         default, one per core) and ``spinning``; ``None`` before the first training step or
         after a fallback."""
-        manager = self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
-        session = getattr(getattr(manager, "_execution_agent", None), "_inference_session", None)
+        session = getattr(getattr(self._training_manager(), "_execution_agent", None), "_inference_session", None)
         if session is None:
             return None
         options = session.get_session_options()
@@ -263,7 +265,7 @@ class ORTTrainingModule(nn.Module):
         """The memory optimizer's plan table (after the first training step), largest saving first."""
         if self.training_graph() is None:
             return None
-        manager = self._ort._torch_module._execution_manager(True)
+        manager = self._training_manager()
         found = manager._runtime_inspector.memory_ob.cluster_id_combination_to_saving_symbolics_map
         enabled: set[str] = set()
         config = manager._runtime_options.memory_optimizer_config_file_path
