@@ -1,21 +1,21 @@
 """Benchmark datasets: identical batches for every variant (static masking, fixed seed).
 
 Defaults read ``../shared/data`` (WikiText-2 raw, GLUE SST-2); ``--train_file`` replaces them:
-a text file (one document per line) for mlm/clm, a CSV/TSV with sentence,label for
-classification.
+a text file (one document per line) for mlm/clm, a CSV/TSV for classification (columns as
+:mod:`.tables` reads them: a sentence or a sentence pair, and a label).
 """
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from datasets import ClassLabel, Dataset
 from transformers import DataCollatorWithPadding, default_data_collator
 
 from .sources import DataMissing, data_file
 from .spec import BenchSettings, Workload
+from .tables import read_table
 
 MASK_PROB = 0.15
 
@@ -97,23 +97,17 @@ def _masked(ids: torch.Tensor, special: torch.Tensor, tokenizer, seed: int) -> D
 
 
 def _classification(path: Path, tokenizer, rows: int, seq: int, padding: str) -> Dataset:
-    sentences, labels = [], []
-    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL)
-        header = [h.strip().lower() for h in next(reader)]
-        s_col = header.index("sentence") if "sentence" in header else 0
-        y_col = header.index("label") if "label" in header else 1
-        for record in reader:
-            if len(record) > max(s_col, y_col):
-                sentences.append(record[s_col].strip())
-                labels.append(int(record[y_col]))
-            if len(sentences) == rows:
-                break
-    if not sentences:
-        raise DataMissing(f"{path} has no sentence,label rows")
-    sentences = [sentences[i % len(sentences)] for i in range(rows)]
-    labels = [labels[i % len(labels)] for i in range(rows)]
+    table = read_table(path, rows)
+    # Cycle when the file is short: the benchmark needs `rows` rows, not distinct ones.
+    texts = [[column[i % len(column)] for i in range(rows)] for column in table.texts]
+    labels = [table.labels[i % len(table.labels)] for i in range(rows)]
     pad = "max_length" if padding == "max_length" else False
-    enc = tokenizer(sentences, truncation=True, max_length=seq, padding=pad)
-    return Dataset.from_dict({**enc, "labels": labels})
+    enc = tokenizer(*texts, truncation=True, max_length=seq, padding=pad)
+    dataset = Dataset.from_dict({**enc, "labels": labels})
+    return dataset.cast_column("labels", ClassLabel(names=table.label_names))
+
+
+def num_labels(dataset: Dataset) -> int | None:
+    """How many classes a classification dataset's labels name (None for other workloads)."""
+    feature = dataset.features.get("labels")
+    return feature.num_classes if isinstance(feature, ClassLabel) else None

@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--model_dir", default=None, help="a HF model folder (default: the packaged MiniLM)")
     parser.add_argument("--train_file", default=None,
-                        help="text file (mlm, clm) or CSV/TSV with sentence,label (classification)")
+                        help="text file (mlm, clm), or CSV/TSV with a header (classification): text in sentence, "
+                             "text, or a pair (sentence1,sentence2; GLUE's #1 String,#2 String; question,sentence; "
+                             "premise,hypothesis), label in label/quality/gold_label (class ids or names)")
     parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")
     parser.add_argument("--resume", action="store_true",
                         help="keep successful runs already in --out/runs with the same settings (after an interruption)")
@@ -79,7 +81,8 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps} measured steps, "
                      f"batch {settings.batch_size or 'workload default'}, seq {settings.seq_len or 'workload default'}, "
                      f"dropout {'model default' if settings.dropout is None else settings.dropout}, "
-                     f"lr {settings.learning_rate}, seed {settings.seed}, model {settings.model_dir or 'packaged MiniLM'}"),
+                     f"lr {settings.learning_rate}, seed {settings.seed}, model {settings.model_dir or 'packaged MiniLM'}, "
+                     f"data {settings.train_file or settings.data_dir}"),
         "load average (1/5/15 min) at start": " ".join(f"{x:.2f}" for x in load_before),
         "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "runs kept from an earlier, interrupted invocation (--resume)": sum(bool(r.get("resumed")) for r in results),
@@ -114,6 +117,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from .render import bar_chart, markdown, write_json
     from .runner import run_all
     from .summary import summarize, targets
+    from .sources import BadModelDir
+    from .tables import BadTable
 
     settings = BenchSettings(
         steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size, seq_len=args.seq_len,
@@ -129,8 +134,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(f"ort-hf bench: load average {load_before[0]:.2f} (a busy machine skews the numbers); "
           f"workers run one at a time, logs in {out / 'logs'}", flush=True)
-    results = run_all(args.workloads, variants, args.rounds, settings, out, args.timeout,
-                      echo=lambda line: print(line, flush=True), resume=args.resume)
+    try:
+        results = run_all(args.workloads, variants, args.rounds, settings, out, args.timeout,
+                          echo=lambda line: print(line, flush=True), resume=args.resume)
+    except BadTable as exc:
+        raise SystemExit(f"ort-hf bench: --train_file: {exc}") from None
+    except BadModelDir as exc:
+        raise SystemExit(f"ort-hf bench: {exc}") from None
     rows = summarize(results)
     goals = targets(rows, model=Path(settings.model_dir).name if settings.model_dir else "MiniLM")
     conditions = _conditions(args, settings, argv, load_before, results)

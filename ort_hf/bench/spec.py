@@ -61,8 +61,11 @@ DEFAULT_VARIANTS = [name for name, v in VARIANTS.items() if v.default]
 
 
 def default_data_dir() -> Path:
-    """``../shared/data`` next to the project checkout (``/work/shared/data`` here)."""
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
+    """``../shared/data`` next to the project checkout (``/work/shared/data`` here), else (an
+    installed package) ``../shared/data`` from the working directory."""
+    beside_checkout = Path(__file__).resolve().parents[3] / "shared" / "data"
+    from_cwd = Path.cwd().parent / "shared" / "data"
+    return beside_checkout if beside_checkout.is_dir() or not from_cwd.is_dir() else from_cwd
 
 
 @dataclass

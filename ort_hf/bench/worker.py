@@ -53,15 +53,17 @@ def _settings(ns: argparse.Namespace) -> BenchSettings:
 
 
 def _reason(exc: BaseException) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:400] if lines else ''}".strip()
+    """The exception's message on one line (ORTTrainer's resume hint left out: the bench saves nothing)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines()
+             if line.strip() and not line.startswith("Last complete checkpoint:")]
+    return f"{type(exc).__name__}: {' / '.join(lines)[:400]}".strip()
 
 
 def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
     import torch
 
     torch.set_num_threads(settings.threads)
-    from .data import DataMissing, build_dataset, collator_for
+    from .data import DataMissing, build_dataset, collator_for, num_labels
     from .models import build_model, load_tokenizer
 
     tokenizer = load_tokenizer(settings)
@@ -69,7 +71,8 @@ def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
         dataset = build_dataset(workload, settings, tokenizer)
     except DataMissing as exc:
         return {"status": "skipped", "reason": str(exc)}
-    model = build_model(workload, settings, tokenizer, masked_head=variant.name == "masked-head")
+    model = build_model(workload, settings, tokenizer, masked_head=variant.name == "masked-head",
+                        num_labels=num_labels(dataset) or 2)
     return _train(workload, variant, settings, model, dataset, collator_for(workload, tokenizer))
 
 

@@ -5,7 +5,6 @@ import csv
 import json
 
 import pytest
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from ort_hf.cli import main
 
@@ -13,18 +12,6 @@ ROW_KEYS = {
     "workload", "variant", "engine", "samples_per_s", "tokens_per_s", "step_median_ms", "step_p25_ms",
     "step_p75_ms", "run_peak_mb", "export_s", "first_step_s", "final_step", "final_loss", "speedup",
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(minilm_dir, tmp_path_factory):
-    """A 2-layer BERT with the MiniLM tokenizer: the --model_dir path, and a short run."""
-    path = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64, num_labels=2)
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys):

@@ -1,0 +1,121 @@
+"""`ort-hf bench` on users' own inputs: classification tables as users have them (GLUE's MRPC
+layout: a sentence pair, the label in "Quality"; string labels; more than two classes), tables and
+model folders the bench cannot use (a clear error before any worker starts), sequences longer
+than the model's positions (the workload is skipped and says what to pass)."""
+
+import csv
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from ort_hf.bench.data import build_dataset, collator_for, num_labels
+from ort_hf.bench.models import build_model
+from ort_hf.bench.sources import data_file, length_problem, model_config
+from ort_hf.bench.spec import WORKLOADS, BenchSettings
+from ort_hf.bench.tables import BadTable, read_table
+from ort_hf.bench.worker import _reason
+from ort_hf.cli import main
+
+MRPC_HEADER = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+PAIRS = [
+    ("1", "702876", "702977", "He said the film was good .", "The film was good , he said ."),
+    ("0", "2108705", "2108831", "Prices rose in May .", "The team won on Sunday ."),
+    ("1", "1330381", "1330521", "It rained all day .", "Rain fell the whole day ."),
+]
+
+
+def _write(path, rows, delimiter=","):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL,
+                   escapechar="\\").writerows(rows)
+    return path
+
+
+def test_mrpc_layout_reads_the_pair_and_the_quality_label(tmp_path, tiny_model_dir):
+    train = _write(tmp_path / "train.tsv", [MRPC_HEADER, *PAIRS], delimiter="\t")
+    table = read_table(train)
+    assert table.texts == ([p[3] for p in PAIRS], [p[4] for p in PAIRS])
+    assert table.labels == [1, 0, 1]  # Quality, not the "#1 ID" column next to it
+
+    settings = BenchSettings(steps=2, warmup_steps=1, batch_size=3, seq_len=48, model_dir=str(tiny_model_dir),
+                             train_file=str(train))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    dataset = build_dataset(WORKLOADS["sst2-dynamic"], settings, tokenizer)
+    first = dataset[0]
+    assert first["labels"] == 1
+    assert tokenizer.decode(first["input_ids"]) == tokenizer.decode(tokenizer(PAIRS[0][3], PAIRS[0][4])["input_ids"])
+    assert 1 in first["token_type_ids"]  # encoded as a pair: the second sentence is segment 1
+
+
+def test_string_labels_and_three_classes_size_the_head(tmp_path, tiny_model_dir):
+    rows = [("premise", "hypothesis", "label"), ("a man sleeps", "a person rests", "entailment"),
+            ("a man sleeps", "a man runs", "contradiction"), ("a man sleeps", "he is tired", "neutral"),
+            ("a dog barks", "an animal makes noise", "entailment")]
+    train = _write(tmp_path / "nli.csv", rows)
+    settings = BenchSettings(steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir),
+                             train_file=str(train))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    workload = WORKLOADS["sst2-dynamic"]
+    dataset = build_dataset(workload, settings, tokenizer)
+    assert num_labels(dataset) == 3
+    assert dataset["labels"] == [1, 0, 2, 1]  # sorted class names: contradiction 0, entailment 1, neutral 2
+    assert dataset.features["labels"].names == ["contradiction", "entailment", "neutral"]
+
+    # The 2-label checkpoint gets a 3-way head, and a batch trains through it.
+    model = build_model(workload, settings, tokenizer, num_labels=num_labels(dataset))
+    assert model.classifier.out_features == 3
+    batch = collator_for(workload, tokenizer)([dataset[i] for i in range(2)])
+    loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([("review", "label"), ("good", "1")], "cannot tell the text and label columns"),
+    ([("sentence1", "sentence2", "score"), ("a", "b", "3.8")], "cannot tell the text and label columns"),
+    ([("sentence1", "sentence2", "label"), ("a", "b", "3.8")], "regression target"),
+    ([("sentence", "label"), ("a", "-1")], "negative"),
+    ([("sentence", "label")], "no complete rows"),
+])
+def test_unreadable_tables_say_what_to_change(tmp_path, rows, message):
+    train = _write(tmp_path / "t.csv", rows)
+    with pytest.raises(BadTable, match=message):
+        data_file(WORKLOADS["sst2-padded"], BenchSettings(train_file=str(train)))
+
+
+def test_bench_stops_on_an_unreadable_table_before_any_worker(tmp_path):
+    train = _write(tmp_path / "t.csv", [("review", "stars"), ("good", "5")])
+    out = tmp_path / "bench"
+    with pytest.raises(SystemExit, match="--train_file: t.csv: cannot tell the text and label columns"):
+        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
+              "--train_file", str(train)])
+    assert not (out / "runs").exists()  # no worker started
+
+
+def test_bench_stops_on_a_folder_that_is_no_model(tmp_path):
+    out = tmp_path / "bench"
+    with pytest.raises(SystemExit, match="is not a Hugging Face model folder"):
+        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
+              "--model_dir", str(tmp_path / "missing")])
+    assert not (out / "runs").exists()
+
+
+def test_sequences_longer_than_the_positions_skip_the_workload(tiny_model_dir, tmp_path, capsys):
+    config = model_config(BenchSettings(model_dir=str(tiny_model_dir)))  # 64 positions
+    too_long = BenchSettings(model_dir=str(tiny_model_dir), seq_len=128)
+    assert "pass --seq_len 64 or less" in length_problem(WORKLOADS["sst2-padded"], too_long, config)
+    assert length_problem(WORKLOADS["sst2-padded"], BenchSettings(seq_len=64), config) is None
+    assert length_problem(WORKLOADS["clm"], too_long, config) is None  # not a causal LM: clm trains tiny Llama
+
+    out = tmp_path / "bench"
+    code = main(["bench", "--out", str(out), "--workloads", "mlm", "--variants", "eager",
+                 "--model_dir", str(tiny_model_dir), "--seq_len", "128"])
+    assert code == 1  # nothing ran
+    assert "skipping workload mlm: mlm uses 128-token sequences but the model has 64 positions" in capsys.readouterr().out
+    assert not (out / "runs").exists()
+
+
+def test_a_failed_run_keeps_the_whole_message_without_the_resume_hint():
+    exc = RuntimeError("ORT failed at step 1: shapes differ\nLast complete checkpoint: none yet (resume ...).")
+    assert _reason(exc) == "RuntimeError: ORT failed at step 1: shapes differ"
