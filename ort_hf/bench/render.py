@@ -49,9 +49,13 @@ def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
     lines += ["| " + " | ".join(_row_cells(r)) + " |" for r in rows]
     lines += ["", "Columns: samples/s and tokens/s are over the measured steps (warm-up and export "
               "excluded), median over rounds; the ratio is to eager's median in this invocation, the range "
-              "its per-round paired ratios. Step time pools all measured steps of all rounds. Run peak = "
-              "memory/run_peak_mb (whole run, export step included); steady = the largest per-step peak "
-              "after warm-up. Export = ort/export_s; ORT init = export + session build, as ORTModule prints it."]
+              "its per-round paired ratios. Step time pools all measured steps of all rounds; a step runs from "
+              "the end of one optimizer step to the end of the next (data loading, callbacks and logging "
+              "included). Run peak = memory/run_peak_mb (whole run, export step included); steady = the "
+              "largest per-step peak after warm-up. Peaks are resident memory (VmHWM); the memory observer "
+              "resets that counter at each phase, so an outside /usr/bin/time -v of a worker sees only the "
+              "peak since the last reset, less than these. Export = ort/export_s; ORT init = export + session "
+              "build, as ORTModule prints it."]
     if targets:
         lines += ["", "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in targets]
