@@ -49,6 +49,10 @@ def model_config(settings: BenchSettings) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
+# RoBERTa-style embeddings number positions from pad_token_id + 1 (RoBERTa's 514 hold 512 tokens).
+PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "data2vec-text", "xlm-roberta-xl")
+
+
 def is_causal_lm(architectures: list[str] | None) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (architectures or []))
 
@@ -58,6 +62,8 @@ def length_problem(workload: Workload, settings: BenchSettings, config: dict) ->
     if workload.task == "clm" and not is_causal_lm(config.get("architectures")):
         return None  # clm then trains the tiny Llama, built for the sequence length
     positions = config.get("max_position_embeddings", config.get("n_positions"))
+    if config.get("model_type") in PADDING_OFFSET_TYPES and isinstance(positions, int):
+        positions -= (config.get("pad_token_id") or 0) + 1  # position ids start after the padding id
     seq = settings.seq_for(workload)
     if isinstance(positions, int) and seq > positions:
         return (f"{workload.name} uses {seq}-token sequences but the model has {positions} positions "

@@ -107,6 +107,9 @@ def test_sequences_longer_than_the_positions_skip_the_workload(tiny_model_dir, t
     assert "pass --seq_len 64 or less" in length_problem(WORKLOADS["sst2-padded"], too_long, config)
     assert length_problem(WORKLOADS["sst2-padded"], BenchSettings(seq_len=64), config) is None
     assert length_problem(WORKLOADS["clm"], too_long, config) is None  # not a causal LM: clm trains tiny Llama
+    roberta = {"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}
+    assert "pass --seq_len 512 or less" in length_problem(WORKLOADS["mlm"], BenchSettings(seq_len=513), roberta)
+    assert length_problem(WORKLOADS["mlm"], BenchSettings(seq_len=512), roberta) is None
 
     out = tmp_path / "bench"
     code = main(["bench", "--out", str(out), "--workloads", "mlm", "--variants", "eager",
