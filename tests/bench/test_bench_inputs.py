@@ -101,6 +101,20 @@ def test_bench_stops_on_a_folder_that_is_no_model(tmp_path):
     assert not (out / "runs").exists()
 
 
+def test_bench_stops_on_a_model_folder_without_its_tokenizer(tiny_model_dir, tmp_path):
+    # A Trainer checkpoint saved without a processing_class: config and weights only.
+    # transformers would make up an empty tokenizer for it, and every text would become two tokens.
+    weights_only = tmp_path / "checkpoint"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (weights_only / name).write_bytes((tiny_model_dir / name).read_bytes())
+    out = tmp_path / "bench"
+    with pytest.raises(SystemExit, match=r"has no tokenizer files .*\(tokenizer.save_pretrained\)"):
+        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
+              "--model_dir", str(weights_only)])
+    assert not (out / "runs").exists()
+
+
 def test_sequences_longer_than_the_positions_skip_the_workload(tiny_model_dir, tmp_path, capsys):
     config = model_config(BenchSettings(model_dir=str(tiny_model_dir)))  # 64 positions
     too_long = BenchSettings(model_dir=str(tiny_model_dir), seq_len=128)
