@@ -14,6 +14,16 @@ from pathlib import Path
 from .spec import BASELINE, DEFAULT_VARIANTS, VARIANTS, WORKLOADS, BenchSettings, default_data_dir
 
 
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
 def _names(choices):
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
@@ -33,12 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated, from {', '.join(VARIANTS)} (default: {', '.join(DEFAULT_VARIANTS)}; "
                         f"'{BASELINE}' is added "
                         "as the baseline)")
-    parser.add_argument("--rounds", type=int, default=3, help="fresh-process repeats of every variant (default 3)")
-    parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps per run")
-    parser.add_argument("--warmup_steps", type=int, default=3, help="steps before measuring (export, compile)")
-    parser.add_argument("--batch_size", type=int, default=None, help="default: 16 (mlm, sst2), 8 (clm)")
-    parser.add_argument("--seq_len", type=int, default=None, help="default: 128 (mlm, sst2), 256 (clm)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--rounds", type=_at_least(1), default=3, help="fresh-process repeats of every variant (default 3)")
+    parser.add_argument("--steps", type=_at_least(1), default=20, help="measured optimizer steps per run")
+    parser.add_argument("--warmup_steps", type=_at_least(1), default=3,
+                        help="steps before measuring (at least 1: the first step exports the ORT graph or compiles)")
+    parser.add_argument("--batch_size", type=_at_least(1), default=None, help="default: 16 (mlm, sst2), 8 (clm)")
+    parser.add_argument("--seq_len", type=_at_least(8), default=None, help="default: 128 (mlm, sst2), 256 (clm)")
+    parser.add_argument("--threads", type=_at_least(1), default=os.cpu_count() or 1,
                         help="OMP_NUM_THREADS, torch threads and ORT's intra-op threads, the same for every variant "
                         "(default: all cores)")
     parser.add_argument("--dropout", type=float, default=0.0,

@@ -136,3 +136,12 @@ def test_sequences_longer_than_the_positions_skip_the_workload(tiny_model_dir, t
 def test_a_failed_run_keeps_the_whole_message_without_the_resume_hint():
     exc = RuntimeError("ORT failed at step 1: shapes differ\nLast complete checkpoint: none yet (resume ...).")
     assert _reason(exc) == "RuntimeError: ORT failed at step 1: shapes differ"
+
+
+@pytest.mark.parametrize("flag, value", [("--warmup_steps", "0"), ("--steps", "0"), ("--rounds", "0"),
+                                         ("--batch_size", "0"), ("--threads", "0")])
+def test_settings_that_measure_nothing_or_the_export_are_refused(flag, value, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--out", str(tmp_path / "bench"), flag, value])
+    assert f"argument {flag}: {value} is below" in capsys.readouterr().err
+    assert not (tmp_path / "bench").exists()
