@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated, from {', '.join(VARIANTS)} (default: {', '.join(DEFAULT_VARIANTS)}; "
                         f"'{BASELINE}' is added "
                         "as the baseline)")
-    parser.add_argument("--rounds", type=_at_least(1), default=3, help="fresh-process repeats of every variant (default 3)")
+    parser.add_argument("--rounds", type=_at_least(1), default=3,
+                        help="fresh-process repeats of every variant (default 3)")
     parser.add_argument("--steps", type=_at_least(1), default=20, help="measured optimizer steps per run")
     parser.add_argument("--warmup_steps", type=_at_least(1), default=3,
                         help="steps before measuring (at least 1: the first step exports the ORT graph or compiles)")
@@ -92,8 +93,8 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps} measured steps, "
                      f"batch {settings.batch_size or 'workload default'}, seq {settings.seq_len or 'workload default'}, "
                      f"dropout {'model default' if settings.dropout is None else settings.dropout}, "
-                     f"lr {settings.learning_rate}, seed {settings.seed}, model {settings.model_dir or 'packaged MiniLM'}, "
-                     f"data {settings.train_file or settings.data_dir}"),
+                     f"lr {settings.learning_rate}, seed {settings.seed}, "
+                     f"model {settings.model_dir or 'packaged MiniLM'}, data {settings.train_file or settings.data_dir}"),
         "load average (1/5/15 min) at start": " ".join(f"{x:.2f}" for x in load_before),
         "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "runs kept from an earlier, interrupted invocation (--resume)": sum(bool(r.get("resumed")) for r in results),
@@ -127,8 +128,8 @@ def _spread(values: list[float]) -> str:
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from .render import bar_chart, markdown, write_json
     from .runner import run_all
-    from .summary import summarize, targets
     from .sources import BadModelDir
+    from .summary import summarize, targets
     from .tables import BadTable
 
     settings = BenchSettings(

