@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--model_dir", default=None, help="a HF model folder (default: the packaged MiniLM)")
     parser.add_argument("--train_file", default=None,
-                        help="text file (mlm, clm), or CSV/TSV with a header (classification): text in sentence, "
+                        help="text file (mlm, clm), or CSV/TSV with a header or JSON lines (classification): text in sentence, "
                              "text, or a pair (sentence1,sentence2; GLUE's #1 String,#2 String; question,sentence; "
                              "premise,hypothesis), label in label/quality/gold_label (class ids or names)")
     parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from .spec import BenchSettings, Workload
-from .tables import read_table
+from .tables import TABLE_SUFFIXES, read_table
 
 # WikiText-2's train split is not in ../shared/data (see its SOURCES.md): the test split, then
 # the validation split, stand in; for throughput the split does not matter.
@@ -86,9 +86,9 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
         path = Path(settings.train_file)
         if not path.is_file():
             raise DataMissing(f"--train_file {path} does not exist")
-        is_table = path.suffix.lower() in (".csv", ".tsv")
+        is_table = path.suffix.lower() in TABLE_SUFFIXES
         if workload.task == "cls" and not is_table:
-            raise DataMissing(f"{workload.name} needs a CSV/TSV table (text and label columns); "
+            raise DataMissing(f"{workload.name} needs a CSV/TSV/JSON-lines table (text and label columns); "
                               f"--train_file is {path.name}")
         if workload.task == "cls":
             read_table(path, rows=1)  # BadTable now, not in every worker

@@ -1,11 +1,13 @@
-"""Classification tables for the bench (``--train_file`` CSV/TSV): which columns hold the text,
-one sentence or a pair, and which the label, named as GLUE's files and transformers' run_glue
-name them; label ids for integer or string labels. Cheap to import (the runner checks a table
+"""Classification tables for the bench (``--train_file`` CSV, TSV or JSON lines): which columns
+hold the text, one sentence or a pair, and which the label, named as GLUE's files and
+transformers' run_glue name them; label ids for integer or string labels. Cheap to import (the runner checks a table
 before it starts any worker)."""
 
 from __future__ import annotations
 
 import csv
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,19 +30,22 @@ class Table:
     label_names: list[str]  # label_names[i] is the class with id i
 
 
+TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl")
+
+
 def read_table(path: Path, rows: int | None = None) -> Table:
-    """The first ``rows`` complete rows (all when ``None``) of a CSV (``,``) or TSV file."""
-    tab = path.suffix.lower() == ".tsv"
+    """The first ``rows`` complete rows (all when ``None``) of a CSV (``,``), TSV or JSON-lines file."""
     with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t" if tab else ",", quoting=csv.QUOTE_NONE if tab else csv.QUOTE_MINIMAL)
-        header = next(reader, None)
+        records = _records(f, path)
+        header = next(records, None)
         if not header:
-            raise BadTable(f"{path} is empty: it needs a header row, e.g. sentence,label")
+            raise BadTable(f"{path} is empty: it needs a header row (CSV/TSV) or keys (JSON lines), "
+                           "e.g. sentence,label")
         text_cols, label_col = _columns(header, path)
         texts: tuple[list[str], ...] = tuple([] for _ in text_cols)
         raw_labels: list[str] = []
         last = max(*text_cols, label_col)
-        for record in reader:
+        for record in records:
             if len(record) <= last:
                 continue  # a blank or truncated line
             for column, out in zip(text_cols, texts):
@@ -52,6 +57,30 @@ def read_table(path: Path, rows: int | None = None) -> Table:
         raise BadTable(f"{path} has a header but no complete rows")
     labels, names = _label_ids(raw_labels, path)
     return Table(texts, labels, names)
+
+
+def _records(f, path: Path) -> Iterator[list[str]]:
+    """The header, then each row, as lists of strings (a JSON line missing a key comes as [])."""
+    if path.suffix.lower() not in (".json", ".jsonl"):
+        tab = path.suffix.lower() == ".tsv"
+        yield from csv.reader(f, delimiter="\t" if tab else ",", quoting=csv.QUOTE_NONE if tab else csv.QUOTE_MINIMAL)
+        return
+    keys: list[str] | None = None
+    for number, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            raise BadTable(f"{path.name}: line {number} is not a JSON object; the bench reads JSON lines "
+                           "(one object per line, as datasets' to_json writes them)")
+        if keys is None:
+            keys = list(record)
+            yield keys
+        values = [record.get(key) for key in keys]
+        yield [] if any(v is None for v in values) else [str(v) for v in values]
 
 
 def _columns(header: list[str], path: Path) -> tuple[tuple[int, ...], int]:

@@ -59,7 +59,7 @@ def test_string_labels_and_three_classes_size_the_head(tmp_path, tiny_model_dir)
     workload = WORKLOADS["sst2-dynamic"]
     dataset = build_dataset(workload, settings, tokenizer)
     assert num_labels(dataset) == 3
-    assert dataset["labels"] == [1, 0, 2, 1]  # sorted class names: contradiction 0, entailment 1, neutral 2
+    assert list(dataset["labels"]) == [1, 0, 2, 1]  # sorted class names: contradiction 0, entailment 1, neutral 2
     assert dataset.features["labels"].names == ["contradiction", "entailment", "neutral"]
 
     # The 2-label checkpoint gets a 3-way head, and a batch trains through it.
@@ -69,6 +69,29 @@ def test_string_labels_and_three_classes_size_the_head(tmp_path, tiny_model_dir)
     loss = model(**batch).loss
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_json_lines_as_datasets_writes_them(tmp_path, tiny_model_dir):
+    from datasets import Dataset
+
+    train = tmp_path / "train.jsonl"
+    Dataset.from_dict({"label": [0, 1, 1], "sentence": ["dull", "a clever plot", "wonderful"],
+                       "idx": [0, 1, 2]}).to_json(train)
+    table = read_table(train)
+    assert table.texts == (["dull", "a clever plot", "wonderful"],) and table.labels == [0, 1, 1]
+
+    settings = BenchSettings(steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir),
+                             train_file=str(train))
+    assert data_file(WORKLOADS["sst2-dynamic"], settings) == train
+    dataset = build_dataset(WORKLOADS["sst2-dynamic"], settings, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert list(dataset["labels"]) == [0, 1, 1, 0] and num_labels(dataset) == 2  # cycled to 4 rows
+
+
+def test_a_json_array_is_refused_with_what_to_write(tmp_path):
+    train = tmp_path / "train.json"
+    train.write_text('[{"sentence": "good", "label": 1}]')
+    with pytest.raises(BadTable, match="line 1 is not a JSON object; the bench reads JSON lines"):
+        read_table(train)
 
 
 @pytest.mark.parametrize("rows, message", [
