@@ -97,19 +97,17 @@ def _columns(header: list[str], path: Path) -> tuple[tuple[int, ...], int]:
 
 
 def _label_ids(raw: list[str], path: Path) -> tuple[list[int], list[str]]:
-    """Integer labels are class ids (0..max); any other labels are class names, ids in sorted order."""
+    """Whole-number labels (1, or 1.0 from a float column) are class ids (0..max); labels that are
+    not numbers are class names, ids in sorted order; other numbers are a regression target."""
     try:
-        ids = [int(value) for value in raw]
-    except ValueError:
-        ids = None
-    if ids is not None:
-        if min(ids) < 0:
-            raise BadTable(f"{path.name}: label {min(ids)} is negative (unlabelled test rows?): use labelled rows")
-        return ids, [str(i) for i in range(max(ids) + 1)]
-    try:
-        [float(value) for value in raw]
+        numbers = [float(value) for value in raw]
     except ValueError:
         names = sorted(set(raw))
         index = {name: i for i, name in enumerate(names)}
         return [index[value] for value in raw], names
-    raise BadTable(f"{path.name}: the labels are real numbers (a regression target); the bench trains classifiers")
+    if not all(n.is_integer() for n in numbers):
+        raise BadTable(f"{path.name}: the labels are real numbers (a regression target); the bench trains classifiers")
+    ids = [int(n) for n in numbers]
+    if min(ids) < 0:
+        raise BadTable(f"{path.name}: label {min(ids)} is negative (unlabelled test rows?): use labelled rows")
+    return ids, [str(i) for i in range(max(ids) + 1)]
