@@ -62,6 +62,7 @@ def _row(workload: str, variant: str, runs: list[dict]) -> dict:
         export_s=_median([r.get("export_s") for r in ok]),
         ort_init_s=_median([r.get("ort_init_s") for r in ok]),
         first_step_s=_median([r.get("first_step_s") for r in ok]),
+        train_runtime_s=_median([r.get("train_runtime_s") for r in ok]),
         label_sparsity=first.get("label_sparsity"),
         loss_in_graph=first.get("loss_in_graph"),
         final_step=first["final_step"],
@@ -82,6 +83,9 @@ def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: dict) ->
               for r in runs if r["status"] == "ok" and (r["workload"], r["round"]) in base_runs]
     if paired:
         row["speedup_min"], row["speedup_max"] = min(paired), max(paired)
+    if row.get("train_runtime_s") and base.get("train_runtime_s"):
+        # Every variant trains the same steps on the same batches: the time ratio is the throughput ratio.
+        row["whole_run_speedup"] = base["train_runtime_s"] / row["train_runtime_s"]
     if row["run_peak_mb"] and base["run_peak_mb"]:
         row["memory_ratio"] = row["run_peak_mb"] / base["run_peak_mb"]
     ref = _loss_at(base["losses"], row["final_step"])

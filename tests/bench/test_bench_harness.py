@@ -11,6 +11,7 @@ from ort_hf.cli import main
 ROW_KEYS = {
     "workload", "variant", "engine", "samples_per_s", "tokens_per_s", "step_median_ms", "step_p25_ms",
     "step_p75_ms", "run_peak_mb", "export_s", "first_step_s", "final_step", "final_loss", "speedup",
+    "train_runtime_s", "whole_run_speedup",
 }
 
 
@@ -37,6 +38,9 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert rows_by_variant["ort"]["engine"] == "ort"
     assert rows_by_variant["eager"]["engine"] == "pytorch"
     assert rows_by_variant["eager"]["speedup"] == 1.0
+    assert rows_by_variant["eager"]["whole_run_speedup"] == 1.0
+    eager_s, ort_s = (rows_by_variant[v]["train_runtime_s"] for v in ("eager", "ort"))
+    assert rows_by_variant["ort"]["whole_run_speedup"] == pytest.approx(eager_s / ort_s)
     assert rows_by_variant["ort"]["export_s"] > 0
     assert "final_loss_rel_diff" in rows_by_variant["ort"]
     assert {"command", "threads", "versions"} <= set(report["conditions"])
@@ -54,8 +58,11 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
         assert len(run["step_times_s"]) == len(run["compute_times_s"]) == 3
         assert all(cycle >= compute > 0 for cycle, compute in zip(run["step_times_s"], run["compute_times_s"]))
         assert run["samples_per_s"] == pytest.approx(run["samples"] / sum(run["step_times_s"]))
+        # The Trainer's clock covers the whole run: the warm-up (export) step and the measured ones.
+        assert run["train_runtime_s"] >= sum(run["warmup_s"]) + sum(run["step_times_s"])
 
     table = (out / "bench.md").read_text()
+    assert "train() s (vs eager)" in table
     assert "| sst2-dynamic | ort | ort |" in table and "| sst2-dynamic | eager | pytorch |" in table
     assert table in printed
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
