@@ -83,7 +83,9 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
     return {
         "command": command.strip(),
         "date": datetime.datetime.now().isoformat(timespec="minutes"),
-        "machine": f"{os.cpu_count()} CPUs ({cpu}), {platform.system()} {platform.release()}",
+        # The same tree gives very different ratios on different CPUs (docs/benchmarks.md: Xeon vs EPYC).
+        "machine": f"{os.cpu_count()} CPUs ({cpu}; PyTorch's CPU kernels: {_torch_cpu_capability()}), "
+                   f"{platform.system()} {platform.release()}",
         "tree": _git_revision(),
         "versions": (f"Python {platform.python_version()}, torch {version('torch')}, transformers "
                      f"{version('transformers')}, onnxruntime-training-cpu {version('onnxruntime-training-cpu')}"),
@@ -101,6 +103,13 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "1-min load when each worker started (min / median / max)": _spread(
             [r["load_1min_at_start"] for r in results if "load_1min_at_start" in r]),
     }
+
+
+def _torch_cpu_capability() -> str:
+    """The instruction set PyTorch's CPU kernels dispatch to here (AVX512, AVX2, ...)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def _git_revision() -> str:
