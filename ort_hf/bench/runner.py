@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .sources import DataMissing, data_file, length_problem, model_config
+from .sources import DataMissing, data_file, length_problem, model_config, model_problem
 from .spec import VARIANTS, WORKLOADS, BenchSettings, applies
 from .worker import settings_argv
 
@@ -91,7 +91,8 @@ def run_all(workloads: list[str], variants: list[str], rounds: int, settings: Be
     for workload in workloads:
         try:
             data_file(WORKLOADS[workload], settings)
-            problem = length_problem(WORKLOADS[workload], settings, config)
+            problem = (model_problem(WORKLOADS[workload], settings, config)
+                       or length_problem(WORKLOADS[workload], settings, config))
             if problem:
                 raise DataMissing(problem)
             ready.append(workload)

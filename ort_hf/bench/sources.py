@@ -67,10 +67,31 @@ def is_causal_lm(architectures: list[str] | None) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in (architectures or []))
 
 
+def model_problem(workload: Workload, settings: BenchSettings, config: dict) -> str | None:
+    """Why the model folder cannot run the workload (None when it can): a GPT-2 or T5 folder has
+    no masked-LM head, and a BERT folder is no causal LM. Said once before any worker starts,
+    instead of a failure in every worker or (clm) numbers for a model that is not the user's."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+
+    model_type = config.get("model_type")
+    what = f"{model_dir(settings)} ({model_type}, {', '.join(config.get('architectures') or ['no architectures'])})"
+    if workload.task == "mlm" and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return f"{workload.name} needs a masked LM; transformers has none for {what}: leave mlm out of --workloads"
+    if workload.task == "cls" and model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        return (f"{workload.name} needs a sequence classifier; transformers has none for {what}: "
+                f"leave it out of --workloads")
+    if workload.task == "clm" and settings.model_dir and not is_causal_lm(config.get("architectures")):
+        # Without --model_dir, clm trains a tiny Llama built in code (the packaged MiniLM is no decoder).
+        return (f"{workload.name} trains the --model_dir model, and {what} is not a causal LM: "
+                "leave clm out of --workloads")
+    return None
+
+
 def length_problem(workload: Workload, settings: BenchSettings, config: dict) -> str | None:
     """Why the workload's sequences do not fit the model's positions (None when they do)."""
     if workload.task == "clm" and not is_causal_lm(config.get("architectures")):
-        return None  # clm then trains the tiny Llama, built for the sequence length
+        return None  # no --model_dir (model_problem refuses others): clm trains the tiny Llama, built for it
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if config.get("model_type") in PADDING_OFFSET_TYPES and isinstance(positions, int):
         positions -= (config.get("pad_token_id") or 0) + 1  # position ids start after the padding id

@@ -24,7 +24,8 @@ WORKLOADS = {
         Workload("mlm", "mlm", 128, 16, "none", "WikiText-2 in 128-token chunks, 15% masking, BertForMaskedLM"),
         Workload("sst2-padded", "cls", 128, 16, "max_length", "SST-2 classification, every row padded to 128"),
         Workload("sst2-dynamic", "cls", 128, 16, "dynamic", "SST-2 classification, padded to the longest row"),
-        Workload("clm", "clm", 256, 8, "none", "tiny Llama built in code, 256-token WikiText-2 chunks"),
+        Workload("clm", "clm", 256, 8, "none",
+                 "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks"),
     )
 }
 

@@ -1,17 +1,18 @@
 """`ort-hf bench` on users' own inputs: classification tables as users have them (GLUE's MRPC
 layout: a sentence pair, the label in "Quality"; string labels; more than two classes), tables and
 model folders the bench cannot use (a clear error before any worker starts), sequences longer
-than the model's positions (the workload is skipped and says what to pass)."""
+than the model's positions or a model that cannot run a workload (the workload is skipped and
+says what to pass)."""
 
 import csv
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from ort_hf.bench.data import build_dataset, collator_for, num_labels
 from ort_hf.bench.models import build_model
-from ort_hf.bench.sources import data_file, length_problem, model_config
+from ort_hf.bench.sources import data_file, length_problem, model_config, model_problem
 from ort_hf.bench.spec import WORKLOADS, BenchSettings
 from ort_hf.bench.tables import BadTable, read_table
 from ort_hf.bench.worker import _reason
@@ -169,3 +170,27 @@ def test_settings_that_measure_nothing_or_the_export_are_refused(flag, value, tm
         main(["bench", "--out", str(tmp_path / "bench"), flag, value])
     assert f"argument {flag}: {value} is below" in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_model_that_cannot_run_a_workload_skips_it_and_says_why(tiny_model_dir, tmp_path, capsys):
+    # A GPT-2 folder has no masked-LM head; a BERT folder is no causal LM (clm used to train a
+    # tiny Llama instead and report it under the user's model).
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)).save_pretrained(gpt2)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(gpt2)
+    gpt2_settings = BenchSettings(model_dir=str(gpt2))
+    gpt2_config = model_config(gpt2_settings)
+    assert "mlm needs a masked LM" in model_problem(WORKLOADS["mlm"], gpt2_settings, gpt2_config)
+    assert model_problem(WORKLOADS["clm"], gpt2_settings, gpt2_config) is None
+    assert model_problem(WORKLOADS["sst2-dynamic"], gpt2_settings, gpt2_config) is None
+    bert_settings = BenchSettings(model_dir=str(tiny_model_dir))
+    bert_config = model_config(bert_settings)
+    assert "is not a causal LM" in model_problem(WORKLOADS["clm"], bert_settings, bert_config)
+    assert model_problem(WORKLOADS["mlm"], bert_settings, bert_config) is None
+    assert model_problem(WORKLOADS["clm"], BenchSettings(), {"model_type": "bert"}) is None  # default: tiny Llama
+
+    out = tmp_path / "bench"
+    code = main(["bench", "--out", str(out), "--workloads", "mlm", "--variants", "eager", "--model_dir", str(gpt2)])
+    assert code == 1  # nothing ran
+    assert "skipping workload mlm: mlm needs a masked LM; transformers has none for" in capsys.readouterr().out
+    assert not (out / "runs").exists()  # refused before any worker started
