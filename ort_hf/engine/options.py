@@ -37,7 +37,11 @@ class ORTOptions:
             one-time feature banner; ``ERROR`` keeps it quiet.
         fallback: ``"auto"`` lets ORT fall back to PyTorch when it cannot export or run the
             model (ort_hf logs the reason once); ``"disable"`` raises instead.
-        opset_version: ONNX opset used for export (14-20).
+        opset_version: ONNX opset of ORT's training export (14-20). 16 by default: from 17 on,
+            ``LayerNormalization`` is the standard ONNX op, which ORT 1.19's compute optimizer
+            does not move the labels' gather or the token flattening through, so label
+            sparsity stops at the first LayerNorm above the loss; at 16 it is ORT's own op and
+            the gather reaches into the last layer (see ``symbolics``, ``aten::gelu``).
         save_onnx: write the exported/optimised ONNX graphs to ``onnx_dir``.
         onnx_dir: folder for ``save_onnx`` (defaults to the current directory).
         enable_compute_optimizer: ORT's FLOP-reduction graph passes.
@@ -72,7 +76,7 @@ class ORTOptions:
 
     log_level: str = "WARNING"
     fallback: str = "auto"
-    opset_version: int = 17
+    opset_version: int = 16
     save_onnx: bool = False
     onnx_dir: str | None = None
     enable_compute_optimizer: bool = True

@@ -42,6 +42,18 @@ first export.
     ModernBERT) or weight through as an empty input; the gradient builder then names every
     such bias gradient ``_grad`` and fails (``Duplicate definition of name (_grad)``).
 
+``aten::gelu`` (training exports only)
+    ``gelu(x @ W + b)``, exact GELU after a linear layer (BERT-style FFNs and MLM heads), is
+    exported as ORT's ``BiasGelu(x @ W, b)``. ORT 1.19 has the same fusion, but it only matches
+    ONNX ``Add`` of opset 7, so from opset 14 on it never fires and ``Gelu`` stays apart. That
+    matters to label sparsity: ORT's compute optimizer moves the labels' ``ShrunkenGather`` up
+    the graph only after ``UpStreamReshape`` has flattened ``[batch, seq, hidden]`` to
+    ``[tokens, hidden]`` above it, and that pass goes through ``BiasGelu`` but not ``Gelu``.
+    With it (and opset 16, see ``ORTOptions.opset_version``), the gather reaches the last
+    encoder layer's attention output: that layer's feed-forward block and the MLM head's
+    transform run on the labelled tokens only. Other GELUs keep torch's symbolic. Registered
+    in ORT's table only, so inference exports (:mod:`.export`) stay standard ONNX.
+
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
 construction, which would put ORT's versions back over torch's registry. So the symbolics
@@ -419,6 +431,40 @@ def _layer_norm(g, input, normalized_shape, weight, bias, eps, cudnn_enable):
 
 
 # --------------------------------------------------------------------------------------
+# aten::gelu (training only)
+# --------------------------------------------------------------------------------------
+
+_BIAS_GELU_TYPES = ("Float", "Half", "BFloat16")
+
+
+def _gelu(g, self, approximate="none"):
+    symbolic_helper, _ = _helpers()
+    approximate = approximate if isinstance(approximate, str) else symbolic_helper._maybe_get_const(approximate, "s")
+    producer = self.node()
+    scalar_type = _scalar_type(self)
+    if (approximate == "none" and producer.kind() == "onnx::Add" and scalar_type is not None
+            and scalar_type.scalar_name() in _BIAS_GELU_TYPES):
+        a, b = list(producer.inputs())
+        for x, bias in ((a, b), (b, a)):
+            bias_sizes, x_sizes = symbolic_helper._get_tensor_sizes(bias), symbolic_helper._get_tensor_sizes(x)
+            if (bias_sizes is not None and len(bias_sizes) == 1 and bias_sizes[0] is not None
+                    and x_sizes is not None and len(x_sizes) >= 2 and x_sizes[-1] in (None, bias_sizes[0])
+                    and _scalar_type(x) == scalar_type and _scalar_type(bias) == scalar_type):
+                # The Add stays in the graph for any other consumer; unused, the exporter drops it.
+                return g.op("com.microsoft::BiasGelu", x, bias).setType(self.type())
+    return _torch_gelu(g.opset)(g, self, approximate)
+
+
+def _torch_gelu(opset: int):
+    """torch's own gelu symbolic for ``opset`` (ONNX ``Gelu`` from opset 20, else the erf form)."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import symbolic_opset9, symbolic_opset20
+    except ImportError:  # torch < 2.9
+        from torch.onnx import symbolic_opset9, symbolic_opset20  # type: ignore[no-redef]
+    return symbolic_opset20.gelu if opset >= 20 else symbolic_opset9.gelu
+
+
+# --------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------
 
@@ -428,6 +474,11 @@ SYMBOLICS = {
     "aten::cumsum": _cumsum,
     "aten::where": _where,
     "aten::layer_norm": _layer_norm,
+}
+# Entered into ORT's table only: ORTModule registers it for its own export's opset on
+# construction, so plain torch.onnx exports (inference) keep torch's symbolic.
+TRAINING_ONLY_SYMBOLICS = {
+    "aten::gelu": _gelu,
 }
 
 
@@ -445,7 +496,7 @@ def _register_with_ort() -> bool:
     module = sys.modules.get(_ORT_REGISTRY)
     if module is None:
         return False
-    for name, fn in SYMBOLICS.items():
+    for name, fn in {**SYMBOLICS, **TRAINING_ONLY_SYMBOLICS}.items():
         domain, _, op = name.partition("::")
         module.CustomOpSymbolicRegistry.register(op, "" if domain == "aten" else domain, fn)
     return True

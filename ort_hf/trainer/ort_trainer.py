@@ -165,11 +165,12 @@ class ORTTrainer(Trainer):
         """What ran the last training attempt (``EngineStatus``), or None when ORT was not used."""
         return None if self._ort_engine_module is None else self._ort_engine_module.engine_status()
 
-    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None) -> str:
+    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None, opset_version: int = 17) -> str:
         """Write an inference ONNX model of the trained model (logits) plus its config and
         tokenizer files to ``output_dir``; it is checked in onnxruntime against PyTorch's
         logits (atol 1e-4) before this returns. ``sample_inputs`` defaults to one batch of the
-        eval (or train) dataset."""
+        eval (or train) dataset. ``opset_version`` is the inference model's ONNX opset; it is not
+        ``--ort_opset_version``, which is the training export's (16, for ORT's optimiser)."""
         from ..engine.export import export_inference_onnx
 
         if sample_inputs is None:
@@ -182,7 +183,7 @@ class ORTTrainer(Trainer):
             sample_inputs = next(iter(loader))
         batches = [dict(sample_inputs)]
         half = {k: v[: max(1, len(v) // 2)] for k, v in sample_inputs.items() if torch.is_tensor(v)}
-        path = export_inference_onnx(self.model, batches[0], output_dir, self.args.ort_opset_version,
+        path = export_inference_onnx(self.model, batches[0], output_dir, opset_version,
                                      check_inputs=[half])  # a second batch size checks the dynamic axes
         self.model.config.save_pretrained(output_dir)
         if self.processing_class is not None:

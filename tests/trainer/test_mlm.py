@@ -47,6 +47,12 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
     engine = trainer._ort_engine_module
     assert engine.engine_status().backend == "ort"
     assert engine.label_sparsity_fired() is True  # read from ORT's graph, not its banner
+    # The labels' gather went past the head into the last layer (opset 16 + BiasGelu export):
+    # its feed-forward block runs on the labelled tokens only.
+    graph = engine.training_graph().graph
+    producers = {out: node for node in graph.node for out in node.output}
+    ffn_in = next(n for n in graph.node if n.name.endswith("encoder/layer.1/intermediate/dense/MatMul"))
+    assert producers[ffn_in.input[0]].op_type == "ShrunkenGather"
     said = [r.getMessage() for r in caplog.records if "label sparsity fired" in r.getMessage()]
     assert len(said) == 1, said
     logged = next(h for h in trainer.state.log_history if "ort/label_sparsity" in h)
