@@ -52,7 +52,8 @@ first export.
     With it (and opset 16, see ``ORTOptions.opset_version``), the gather reaches the last
     encoder layer's attention output: that layer's feed-forward block and the MLM head's
     transform run on the labelled tokens only. Other GELUs keep torch's symbolic. Registered
-    in ORT's table only, so inference exports (:mod:`.export`) stay standard ONNX.
+    in ORT's table only (ORTModule enters it into torch's registry for its training opset), so
+    inference exports at another opset (:mod:`.export`, 17 by default) keep torch's GELU.
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
