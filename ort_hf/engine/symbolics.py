@@ -75,6 +75,16 @@ _LOCK = threading.Lock()
 _INT64_MAX = 2**63 - 1
 
 
+def _torch_symbolics(opset: int):
+    """torch's own ``symbolic_opset<opset>`` module (moved under ``_internal`` in torch 2.9)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"torch.onnx._internal.torchscript_exporter.symbolic_opset{opset}")
+    except ImportError:  # torch < 2.9
+        return importlib.import_module(f"torch.onnx.symbolic_opset{opset}")
+
+
 def _helpers():
     """torch's TorchScript exporter helpers (moved under ``_internal`` in torch 2.9)."""
     try:
@@ -378,12 +388,7 @@ def _where(g, condition, self=None, other=None, _outputs=None):
     symbolic_helper, _ = _helpers()
     if symbolic_helper._is_none(self) or symbolic_helper._is_none(other):
         # torch.where(cond): the nonzero form; nothing to differentiate, torch's symbolic is fine.
-        try:
-            from torch.onnx._internal.torchscript_exporter import symbolic_opset9
-        except ImportError:  # torch < 2.9
-            from torch.onnx import symbolic_opset9  # type: ignore[no-redef]
-
-        return symbolic_opset9.where(g, condition, self, other, _outputs)
+        return _torch_symbolics(9).where(g, condition, self, other, _outputs)
     if not symbolic_helper._is_bool(condition):
         condition = g.op("Cast", condition, to_i=torch.onnx.TensorProtoDataType.BOOL)
     # ORT's Where gradient (Where(cond, dY, 0)) does not reduce broadcast dimensions, so a
@@ -458,11 +463,7 @@ def _gelu(g, self, approximate="none"):
 
 def _torch_gelu(opset: int):
     """torch's own gelu symbolic for ``opset`` (ONNX ``Gelu`` from opset 20, else the erf form)."""
-    try:
-        from torch.onnx._internal.torchscript_exporter import symbolic_opset9, symbolic_opset20
-    except ImportError:  # torch < 2.9
-        from torch.onnx import symbolic_opset9, symbolic_opset20  # type: ignore[no-redef]
-    return symbolic_opset20.gelu if opset >= 20 else symbolic_opset9.gelu
+    return _torch_symbolics(20 if opset >= 20 else 9).gelu
 
 
 # --------------------------------------------------------------------------------------
