@@ -258,8 +258,8 @@ _ORT_DENSITY_HOOKS = ("_label_hook", "_embedding_hook")
 def _bridge_output_schema_pass() -> None:
     # Before tracing, ORT 1.19.2 runs the whole model once in PyTorch, on the whole first batch,
     # only to learn the structure of its outputs (count, dtypes, ranks; every dimension is
-    # exported dynamic). On MiniLM MLM (batch 16) that pass took 1.3-1.7 s of a ~4.6 s export,
-    # 0.15-0.23 s on two rows. It now runs on the first SCHEMA_PASS_ROWS rows when every
+    # exported dynamic). On MiniLM MLM (batch 16) that pass took 2.3-2.5 s of the first step,
+    # 0.65-0.83 s on two rows. It now runs on the first SCHEMA_PASS_ROWS rows when every
     # tensor input shares that leading dimension, with ORT's sparsity-check hooks held back:
     # their on/off decision and the densities ORT's banner prints come from the trace, which
     # still sees the whole batch. If the short pass fails, ORT's own full pass runs. Can go
@@ -299,13 +299,16 @@ def first_rows(inputs, rows: int):
 
 @contextlib.contextmanager
 def _without_density_hooks(module):
+    def is_density_hook(hook) -> bool:  # ORT registers them as functools.partial(_label_hook, name)
+        return getattr(getattr(hook, "func", None), "__name__", "") in _ORT_DENSITY_HOOKS
+
     saved = []
     for sub in module.modules():
         hooks = sub._forward_pre_hooks
-        if any(getattr(getattr(h, "func", None), "__name__", "") in _ORT_DENSITY_HOOKS for h in hooks.values()):
+        found = [key for key, hook in hooks.items() if is_density_hook(hook)]
+        if found:
             saved.append((hooks, hooks.copy()))
-            for key in [k for k, h in hooks.items()
-                        if getattr(getattr(h, "func", None), "__name__", "") in _ORT_DENSITY_HOOKS]:
+            for key in found:
                 del hooks[key]
     try:
         yield
