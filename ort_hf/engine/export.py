@@ -13,6 +13,8 @@ from .errors import ORTFallbackError
 
 logger = logging.getLogger(__name__)
 MODEL_FILE = "model.onnx"
+# Inference exports; the training export has its own (ORTOptions.opset_version, 16).
+INFERENCE_OPSET = 17
 
 
 class ExportVerificationError(RuntimeError):
@@ -37,7 +39,7 @@ def _session(path: Path):
 
 
 def export_inference_onnx(
-    model: nn.Module, sample_inputs: dict[str, torch.Tensor], output_dir: str | Path, opset_version: int = 17,
+    model: nn.Module, sample_inputs: dict[str, torch.Tensor], output_dir: str | Path, opset_version: int = INFERENCE_OPSET,
     atol: float = 1e-4, check_inputs: list[dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Export ``model`` (eval mode, logits output) to ``output_dir/model.onnx`` with dynamic batch

@@ -21,6 +21,7 @@ from transformers.training_args import ParallelMode
 
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import ORTOptions, wrap_model
+from ..engine.export import INFERENCE_OPSET
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import ModuleWithLoss, missing_labels_error
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
@@ -165,7 +166,8 @@ class ORTTrainer(Trainer):
         """What ran the last training attempt (``EngineStatus``), or None when ORT was not used."""
         return None if self._ort_engine_module is None else self._ort_engine_module.engine_status()
 
-    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None, opset_version: int = 17) -> str:
+    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None,
+                    opset_version: int = INFERENCE_OPSET) -> str:
         """Write an inference ONNX model of the trained model (logits) plus its config and
         tokenizer files to ``output_dir``; it is checked in onnxruntime against PyTorch's
         logits (atol 1e-4) before this returns. ``sample_inputs`` defaults to one batch of the
