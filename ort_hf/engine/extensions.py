@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._paths import probe_writable
 from .errors import ExtensionBuildError
 
 logger = logging.getLogger(__name__)
@@ -64,10 +65,7 @@ def _build_key() -> str:
 def _writable_dir(preferred: Path) -> Path:
     """``preferred`` if it can be written; otherwise a temp dir, with a warning saying why."""
     try:
-        preferred.mkdir(parents=True, exist_ok=True)
-        probe = preferred / f".write-probe-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        probe_writable(preferred)
         return preferred
     except OSError as exc:
         fallback = Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name

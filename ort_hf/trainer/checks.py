@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .._paths import probe_writable
+
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -133,11 +135,8 @@ def unfinished_checkpoint_guard(output_dir: str, current_step):
 
 def check_output_dir_writable(output_dir: str) -> None:
     """Fail before training when checkpoints could not be written (read-only or unusable folder)."""
-    probe = Path(output_dir) / f".ort_hf-write-probe-{os.getpid()}"
     try:
-        os.makedirs(output_dir, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        probe_writable(output_dir)
     except OSError as exc:
         raise ValueError(
             f"--output_dir {output_dir} is not writable ({exc.strerror or exc}): no checkpoint could be saved. "
