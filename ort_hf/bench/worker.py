@@ -148,6 +148,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "torch_threads": torch.get_num_threads(),
         "ort_intra_op_threads": threading["threads"] if threading else None,
         "ort_intra_op_spinning": threading["spinning"] if threading else None,
+        "torch_threads_in_graph": threading["torch_threads"] if threading else None,
     }
 
 

@@ -30,6 +30,7 @@ class ExportRecord:
     enable_mem_reuse: bool = False
     intra_op_threads: int | None = None  # None: ORT's default pool size
     intra_op_spinning: bool = True
+    torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
     export_count: int = 0
     export_seconds: float = 0.0
 
@@ -206,6 +207,52 @@ def _bridge_session_options() -> None:
     GEM._get_session_config = get_session_config
 
 
+# Attribute of ORT's TrainingAgent: PyTorch's thread count while it runs (see below).
+AGENT_TORCH_THREADS = "_ort_hf_torch_threads"
+
+
+def _bridge_torch_threads_in_graph() -> None:
+    # ORT calls PyTorch inside its graph runs (ATen nodes: the embeddings and their gradients;
+    # PythonOps). Each call with more than one PyTorch thread wakes PyTorch's OpenMP workers,
+    # and libgomp's default wait policy keeps them spinning for milliseconds afterwards, on the
+    # cores ORT's own pool is running kernels on (ORTOptions.torch_threads_in_graph). ORT's
+    # TrainingAgent gets the active model's setting when it is created, and every forward and
+    # backward run sets PyTorch's threads to it and back. Can go with ORTModule.
+    import torch
+    from onnxruntime.training.ortmodule._execution_agent import TrainingAgent
+    from onnxruntime.training.ortmodule._training_manager import TrainingManager
+
+    create = TrainingManager._create_execution_agent
+    if getattr(create, "_ort_hf_bridge", False):
+        return
+
+    @functools.wraps(create)
+    def create_execution_agent(self):
+        create(self)
+        record = ACTIVE_EXPORT_RECORD.get()
+        setattr(self._execution_agent, AGENT_TORCH_THREADS, record.torch_threads if record is not None else None)
+
+    def with_torch_threads(run):
+        @functools.wraps(run)
+        def wrapped(self, *args, **kwargs):
+            wanted = getattr(self, AGENT_TORCH_THREADS, None)
+            before = torch.get_num_threads()
+            if wanted is None or wanted == before:
+                return run(self, *args, **kwargs)
+            torch.set_num_threads(wanted)
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                torch.set_num_threads(before)
+
+        return wrapped
+
+    create_execution_agent._ort_hf_bridge = True
+    TrainingManager._create_execution_agent = create_execution_agent
+    TrainingAgent.run_forward = with_torch_threads(TrainingAgent.run_forward)
+    TrainingAgent.run_backward = with_torch_threads(TrainingAgent.run_backward)
+
+
 def _bridge_mem_efficient_grad_device() -> None:
     # ORT 1.19.2 bug: GraphTransitionManager passes the dict of parameter names as the `device`
     # argument of post_processing_enable_mem_efficient_training, so memory-efficient gradient
@@ -342,6 +389,7 @@ def apply_ort_bridges() -> None:
         _bridge_cpu_nvtx()
         _bridge_sparsity_switches()
         _bridge_session_options()
+        _bridge_torch_threads_in_graph()
         _bridge_mem_efficient_grad_device()
         _bridge_export_cache()
         _bridge_output_schema_pass()

@@ -72,6 +72,13 @@ class ORTOptions:
             threads hold the cores that the kernels ORT hands to PyTorch (the ATen ops:
             embeddings and their gradients) need, so each such kernel waits for the scheduler
             (2-3 ms per call on 2 cores). ``None`` = off for CPU models, ORT's default (on) on CUDA.
+        torch_threads_in_graph: PyTorch's intra-op threads while ORT runs the training graph.
+            ORT calls PyTorch for some nodes (the embeddings and their gradients as ATen nodes,
+            custom autograd functions as PythonOps). With more than one thread, each such call
+            wakes PyTorch's OpenMP workers, which then spin for milliseconds (libgomp's default
+            wait policy) on the cores ORT's own pool is using. ``None`` = 1 for CPU models,
+            unchanged on CUDA; ``0`` leaves ``torch.set_num_threads`` as it is (for graphs whose
+            PythonOps do heavy CPU work); ``n`` sets n. Restored after every ORT call.
     """
 
     log_level: str = "WARNING"
@@ -95,6 +102,7 @@ class ORTOptions:
     enable_mem_reuse: bool | None = None
     intra_op_threads: int | None = None
     intra_op_spinning: bool | None = None
+    torch_threads_in_graph: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -124,6 +132,14 @@ class ORTOptions:
             raise ValueError(
                 f"ORTOptions.intra_op_threads must be a positive integer or None (ORT's default: one per "
                 f"core), got {self.intra_op_threads!r}."
+            )
+        if self.torch_threads_in_graph is not None and (
+            isinstance(self.torch_threads_in_graph, bool) or not isinstance(self.torch_threads_in_graph, int)
+            or self.torch_threads_in_graph < 0
+        ):
+            raise ValueError(
+                f"ORTOptions.torch_threads_in_graph must be None (auto: 1 on CPU), 0 (leave PyTorch's setting) "
+                f"or a positive integer, got {self.torch_threads_in_graph!r}."
             )
         if not isinstance(self.opset_version, int) or not MIN_OPSET <= self.opset_version <= MAX_OPSET:
             raise ValueError(

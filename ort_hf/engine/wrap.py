@@ -120,11 +120,15 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
         on_cuda = any(p.is_cuda for p in module.parameters())
         spinning = options.intra_op_spinning if options.intra_op_spinning is not None else on_cuda
+        torch_threads = options.torch_threads_in_graph
+        if torch_threads is None:
+            torch_threads = 0 if on_cuda else 1
         object.__setattr__(
             self,
             "_record",
             compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
-                                intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning),
+                                intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning,
+                                torch_threads=torch_threads or None),
         )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
@@ -249,9 +253,11 @@ class ORTTrainingModule(nn.Module):
 
     def session_threading(self) -> dict | None:
         """The training session's intra-op pool as ORT was asked to run it: ``threads`` (0 = ORT's
-        default, one per core) and ``spinning``; ``None`` before the first training step or
-        after a fallback."""
-        session = getattr(getattr(self._training_manager(), "_execution_agent", None), "_inference_session", None)
+        default, one per core) and ``spinning``; and ``torch_threads``, PyTorch's threads while
+        ORT runs (``None``: left as they are). ``None`` before the first training step or after a
+        fallback."""
+        agent = getattr(self._training_manager(), "_execution_agent", None)
+        session = getattr(agent, "_inference_session", None)
         if session is None:
             return None
         options = session.get_session_options()
@@ -259,7 +265,8 @@ class ORTTrainingModule(nn.Module):
             spinning = options.get_session_config_entry("session.intra_op.allow_spinning")
         except RuntimeError:  # not set: ORT's default, spinning
             spinning = "1"
-        return {"threads": options.intra_op_num_threads, "spinning": spinning != "0"}
+        return {"threads": options.intra_op_num_threads, "spinning": spinning != "0",
+                "torch_threads": getattr(agent, compat.AGENT_TORCH_THREADS, None)}
 
     def memory_plans(self) -> list[MemoryPlan] | None:
         """The memory optimizer's plan table (after the first training step), largest saving first."""

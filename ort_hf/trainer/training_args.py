@@ -154,6 +154,14 @@ class ORTTrainingArguments(TrainingArguments):
             "ORT calls (embeddings) need. Default: off on CPU, ORT's default (on) on CUDA."
         },
     )
+    ort_torch_threads_in_graph: int | None = field(
+        default=None,
+        metadata={
+            "help": "PyTorch's intra-op threads while ORT runs the graph (its ATen nodes and PythonOps). Default: 1 on "
+            "CPU, so PyTorch's OpenMP workers do not spin on the cores ORT's pool uses; 0 leaves "
+            "torch.set_num_threads as it is (custom autograd functions with heavy CPU work); n sets n."
+        },
+    )
 
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no

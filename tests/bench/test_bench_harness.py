@@ -54,6 +54,7 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     by_variant = {run["variant"]: run for run in runs}
     assert by_variant["ort"]["ort_intra_op_threads"] == by_variant["ort"]["torch_threads"]  # same threads
     assert by_variant["ort"]["ort_intra_op_spinning"] is False  # the CPU default
+    assert by_variant["ort"]["torch_threads_in_graph"] == 1  # the CPU default
     assert by_variant["eager"]["ort_intra_op_threads"] is None
     for run in runs:  # throughput from whole loop cycles, each one at least its step's compute
         assert len(run["step_times_s"]) == len(run["compute_times_s"]) == 3

@@ -31,6 +31,9 @@ BAD_VALUES = [
     ("intra_op_threads", "2"),
     ("intra_op_threads", True),
     ("intra_op_spinning", "no"),
+    ("torch_threads_in_graph", -1),
+    ("torch_threads_in_graph", "1"),
+    ("torch_threads_in_graph", True),
 ]
 
 
@@ -113,4 +116,4 @@ def test_intra_op_threads_and_spinning_reach_the_training_session(threads, spinn
     assert wrapped.session_threading() is None  # no session before the first step
     wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
     assert wrapped.engine_status().backend == "ort"
-    assert wrapped.session_threading() == {"threads": threads or 0, "spinning": expected}
+    assert wrapped.session_threading() == {"threads": threads or 0, "spinning": expected, "torch_threads": 1}

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from ort_hf.engine import ORTOptions, wrap_model
@@ -153,3 +154,56 @@ def test_two_thousand_pythonop_steps_do_not_leak():
     assert wrapped.engine_status().backend == "ort"
     growth = (_rss_mb() - warm) / warm
     assert growth < 0.05, f"RSS grew {100 * growth:.1f}% after warm-up"
+
+
+class ThreadProbe(torch.autograd.Function):
+    """Identity that records PyTorch's thread count when ORT calls it (forward and backward)."""
+
+    seen: list[tuple[str, int]] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ThreadProbe.seen.append(("forward", torch.get_num_threads()))
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ThreadProbe.seen.append(("backward", torch.get_num_threads()))
+        return grad
+
+
+class ProbeNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(16, 32)
+        self.second = torch.nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.second(ThreadProbe.apply(self.first(x))), y)
+
+
+@pytest.mark.parametrize("setting,inside", [(None, 1), (0, 2), (2, 2)])
+def test_pytorch_threads_while_ort_runs(setting, inside):
+    """On CPU, PyTorch runs with one thread inside ORT's graph runs by default (its OpenMP
+    workers would otherwise spin on ORT's cores), and gets its own setting back afterwards."""
+    torch.manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = ProbeNet()
+        wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", torch_threads_in_graph=setting))
+        wrapped.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for x, y in _data(2):
+            ThreadProbe.seen.clear()
+            wrapped(x, y).backward()
+            opt.step()
+            opt.zero_grad()
+            assert torch.get_num_threads() == 2  # restored after forward and backward
+        assert wrapped.engine_status().backend == "ort"
+        assert any("ThreadProbe" in n for n in _python_ops(wrapped.training_graph()))
+        # The last step ran only ORT's session (export and its PyTorch passes were in the first).
+        assert ThreadProbe.seen == [("forward", inside), ("backward", inside)]
+        assert wrapped.session_threading()["torch_threads"] == (inside if setting != 0 else None)
+    finally:
+        torch.set_num_threads(before)
