@@ -125,22 +125,10 @@ class ORTOptions:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"ORTOptions.{name} must be True, False or None (auto), got {value!r}.")
-        if self.intra_op_threads is not None and (
-            isinstance(self.intra_op_threads, bool) or not isinstance(self.intra_op_threads, int)
-            or self.intra_op_threads < 1
-        ):
-            raise ValueError(
-                f"ORTOptions.intra_op_threads must be a positive integer or None (ORT's default: one per "
-                f"core), got {self.intra_op_threads!r}."
-            )
-        if self.torch_threads_in_graph is not None and (
-            isinstance(self.torch_threads_in_graph, bool) or not isinstance(self.torch_threads_in_graph, int)
-            or self.torch_threads_in_graph < 0
-        ):
-            raise ValueError(
-                f"ORTOptions.torch_threads_in_graph must be None (auto: 1 on CPU), 0 (leave PyTorch's setting) "
-                f"or a positive integer, got {self.torch_threads_in_graph!r}."
-            )
+        _check_optional_int("intra_op_threads", self.intra_op_threads, 1,
+                            "a positive integer or None (ORT's default: one per core)")
+        _check_optional_int("torch_threads_in_graph", self.torch_threads_in_graph, 0,
+                            "None (auto: 1 on CPU), 0 (leave PyTorch's setting) or a positive integer")
         if not isinstance(self.opset_version, int) or not MIN_OPSET <= self.opset_version <= MAX_OPSET:
             raise ValueError(
                 f"ORTOptions.opset_version must be an integer from {MIN_OPSET} to {MAX_OPSET}, "
@@ -186,6 +174,11 @@ class ORTOptions:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_optional_int(name: str, value, minimum: int, allowed: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"ORTOptions.{name} must be {allowed}, got {value!r}.")
 
 
 def _check_choice(name: str, value, choices) -> None:
