@@ -76,6 +76,16 @@ def _bridge_torch_onnx_modules() -> None:
         import torch.onnx._internal as internal
 
         internal._beartype = beartype
+    # torch 2.9 left torch.onnx.symbolic_opset9 as a re-export of the moved module's public
+    # names only; ORT's aten::_convolution / _convolution_mode symbolics import the private
+    # helpers from the old path (every Conv model failed to export with an ImportError).
+    # Can go with the aliases above.
+    import torch.onnx.symbolic_opset9 as public_opset9
+
+    moved_opset9 = importlib.import_module(f"{new}.symbolic_opset9")
+    for name in ("_convolution", "_convolution_mode"):
+        if not hasattr(public_opset9, name):
+            setattr(public_opset9, name, getattr(moved_opset9, name))
 
 
 def _bridge_exporter_default() -> None:

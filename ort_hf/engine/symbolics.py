@@ -42,6 +42,12 @@ first export.
     ModernBERT) or weight through as an empty input; the gradient builder then names every
     such bias gradient ``_grad`` and fails (``Duplicate definition of name (_grad)``).
 
+``aten::logsumexp`` (training exports only)
+    ORT's ``ReduceLogSumExp`` gradient re-expands the reduced axes with an attribute-form
+    ``Unsqueeze`` when ``keepdims=0``, which is invalid from opset 13 on: building the
+    gradient graph fails (``Unsqueeze ... has input size 1 not in range [min=2, max=2]``) for
+    any loss with ``logsumexp`` (z-losses, router losses). The reduction is exported with
+    ``keepdims=1`` and squeezed afterwards; ORT's gradient then needs no Unsqueeze.
 ``aten::gelu`` (training exports only)
     ``gelu(x @ W + b)``, exact GELU after a linear layer (BERT-style FFNs and MLM heads), is
     exported as ORT's ``BiasGelu(x @ W, b)``. ORT 1.19 has the same fusion, but it only matches
@@ -461,6 +467,17 @@ def _gelu(g, self, approximate="none"):
     return _torch_gelu(g.opset)(g, self, approximate)
 
 
+def _logsumexp(g, self, dim, keepdim):
+    symbolic_helper, _ = _helpers()
+    dims = symbolic_helper._maybe_get_const(dim, "is")
+    keep = bool(symbolic_helper._maybe_get_const(keepdim, "i"))
+    if symbolic_helper._is_value(dims) or g.opset >= 18:
+        return _torch_symbolics(g.opset).logsumexp(g, self, dim, keepdim)  # not the case ORT 1.19 trains
+    dims = list(dims) if dims else list(range(symbolic_helper._get_tensor_rank(self)))
+    out = g.op("ReduceLogSumExp", self, axes_i=dims, keepdims_i=1)
+    return out if keep else g.op("Squeeze", out, _const(g, dims, torch.int64))
+
+
 def _torch_gelu(opset: int):
     """torch's own gelu symbolic for ``opset`` (ONNX ``Gelu`` from opset 20, else the erf form)."""
     return _torch_symbolics(20 if opset >= 20 else 9).gelu
@@ -481,6 +498,7 @@ SYMBOLICS = {
 # construction, so plain torch.onnx exports (inference) keep torch's symbolic.
 TRAINING_ONLY_SYMBOLICS = {
     "aten::gelu": _gelu,
+    "aten::logsumexp": _logsumexp,
 }
 
 

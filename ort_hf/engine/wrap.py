@@ -16,8 +16,10 @@ from torch import nn
 
 from . import compat
 from .errors import ORTFallbackError
+from .._model_state import restore_buffers
 from .options import ORTOptions, environment_for, scoped_environ
 from .runtime import EngineState, ensure_engine, register_symbolics
+from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)
         object.__setattr__(self, "_use_pytorch", False)
+        object.__setattr__(self, "_stateful", None)  # a StatefulForward once forward was seen writing buffers
         trim = options.trim_padding if options.trim_padding is not None else not on_cuda
         object.__setattr__(self, "_trim_padding", trim)
         object.__setattr__(self, "padding_stats", {"kept_tokens": 0, "total_tokens": 0})
@@ -173,7 +176,7 @@ class ORTTrainingModule(nn.Module):
         _set_custom_autograd(self._pythonop)
         token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
         try:
-            output = self._ort(*args, **kwargs)
+            output = self._run_ort(args, kwargs)
         except Exception as exc:
             if self._ran or isinstance(exc, ORTFallbackError):
                 raise  # ORT ran before: a runtime error, not something a fallback should hide
@@ -191,6 +194,34 @@ class ORTTrainingModule(nn.Module):
             compat.ACTIVE_EXPORT_RECORD.reset(token)
         self._note_backend()
         return output
+
+    def _run_ort(self, args, kwargs):
+        """ORT's forward, with the buffers ``forward`` writes kept as PyTorch keeps them (state_sync)."""
+        stateful = self._stateful
+        if stateful is not None:
+            saved = stateful.snapshot()
+            output, written, stats = self._ort(*args, **{BUFFERS_ARG: stateful.buffer_inputs()}, **kwargs)
+            # Undone: an export's Python forwards, and ORT's BatchNormalization, which can write its
+            # running statistics in place into the buffer memory it shares with PyTorch.
+            restore_buffers(self.module, saved)
+            if self.training:
+                stateful.apply(written, stats)
+            return output
+        if self._ran or not self.training:
+            return self._ort(*args, **kwargs)
+        watch = StateWatch(self.module)
+        output = self._ort(*args, **kwargs)
+        watch.report_python_state()
+        written = watch.written_buffers()
+        if not written or self._ort._fallback_manager.is_pending():
+            return output
+        watch.restore()
+        logger.info("ort_hf: forward writes buffers (%s); they are carried through the ORT graph and updated "
+                    "after every step as in PyTorch (re-exporting once).", ", ".join(written))
+        object.__setattr__(self, "_stateful", StatefulForward(self.module, written))
+        object.__setattr__(self, "_ort", _build_ort_module(self._stateful, self.options, ensure_engine()))
+        self._ort.train(self.training)
+        return self._run_ort(args, kwargs)
 
     def _note_backend(self) -> None:
         first = not self._ran
@@ -216,7 +247,8 @@ class ORTTrainingModule(nn.Module):
         # Free the old session before the new one exports: otherwise both are alive during the
         # re-export, and a budget measured after it includes the dead session's buffers.
         self.release()
-        object.__setattr__(self, "_ort", _build_ort_module(self.module, options, state))
+        target = self._stateful if self._stateful is not None else self.module
+        object.__setattr__(self, "_ort", _build_ort_module(target, options, state))
         object.__setattr__(self, "options", options)
         object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
         self._record.enable_label_sparsity = options.enable_label_sparsity

@@ -3,10 +3,13 @@
 ORT 1.19.2 detects label sparsity with a forward pre-hook on registered ``nn.CrossEntropyLoss``
 submodules. transformers 5 computes losses functionally (``loss_function`` ->
 ``nn.functional.cross_entropy``), which that hook never sees, so ORT would run the LM head
-over every position. Here the loss goes through a registered ``nn.CrossEntropyLoss`` on 2-D
+over every position. Here the loss can go through a registered ``nn.CrossEntropyLoss`` on 2-D
 logits and 1-D labels, with the Trainer's own semantics: ``num_items_in_batch`` for correct
 gradient accumulation, label smoothing (as ``LabelSmoother``), the causal-LM label shift,
 and a user ``compute_loss_func``.
+
+That cross-entropy replaces the model's loss only where it is the model's loss (``loss_choice``
+decides, and checks it on the first batch); otherwise the model's own loss runs in the graph.
 """
 
 from __future__ import annotations
@@ -18,9 +21,15 @@ from torch import nn
 
 IGNORE_INDEX = -100
 
+# What ``forward`` computes as the loss.
+CROSS_ENTROPY = "cross_entropy"  # the registered nn.CrossEntropyLoss (label sparsity can fire)
+MODEL_LOSS = "model"  # the model's own loss, from every input it takes (labels or others)
+USER_LOSS = "compute_loss_func"  # the Trainer's compute_loss_func
+LOSS_KINDS = (CROSS_ENTROPY, MODEL_LOSS, USER_LOSS)
+
 
 class ModuleWithLoss(nn.Module):
-    """Wraps ``model``; ``forward(**batch)`` returns ``{"loss": loss}`` for a batch with ``labels``.
+    """Wraps ``model``; ``forward(**batch)`` returns ``{"loss": loss}``.
 
     Args:
         model: the Hugging Face model.
@@ -29,11 +38,14 @@ class ModuleWithLoss(nn.Module):
             its own decision; ``None`` detects it from the model's loss type.
         compute_loss_func: the Trainer's ``compute_loss_func(outputs, labels, num_items_in_batch)``;
             traced into the graph with the model, so it must be plain tensor code.
+        model_accepts_loss_kwargs: the Trainer's flag for ``model``: whether it hands
+            ``num_items_in_batch`` to the model, so whether the model's loss is normalised by it.
 
-    ``loss_in_graph = False`` makes ``forward`` return ``{"logits": ...}`` only; the caller then
-    computes the same loss in PyTorch with :meth:`loss_from_outputs`. Worth it when labels are
-    dense (causal LM): there is nothing for label sparsity to drop, and ORT's CPU cross-entropy
-    kernel is slower than PyTorch's.
+    ``loss_kind`` is one of ``LOSS_KINDS`` (set before the first forward: what the Trainer
+    would compute). ``loss_in_graph = False`` (cross-entropy only) makes ``forward`` return
+    ``{"logits": ...}``; the caller then computes the same loss in PyTorch with
+    :meth:`loss_from_outputs`. Worth it when labels are dense (causal LM): there is nothing for
+    label sparsity to drop, and ORT's CPU cross-entropy kernel is slower than PyTorch's.
     """
 
     def __init__(
@@ -42,31 +54,54 @@ class ModuleWithLoss(nn.Module):
         label_smoothing: float = 0.0,
         shift_labels: bool | None = None,
         compute_loss_func: Callable | None = None,
+        model_accepts_loss_kwargs: bool = True,
     ):
         super().__init__()
         self.model = model
         self.shift_labels = _is_causal_lm(model) if shift_labels is None else shift_labels
         self.compute_loss_func = compute_loss_func
         self.label_smoothing = label_smoothing
+        self.model_accepts_loss_kwargs = model_accepts_loss_kwargs
         # reduction="sum": the mean is taken over num_items_in_batch (the whole accumulated
         # batch) when the Trainer gives it, as transformers' fixed_cross_entropy does. No
         # label_smoothing argument: its ONNX export is unsupported, so smoothing is added below.
         self.loss_fct = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+        self.loss_kind = USER_LOSS if compute_loss_func is not None else CROSS_ENTROPY
+        # Whether the cross-entropy divides by num_items_in_batch (as transformers' loss_function)
+        # or takes the batch mean (as a model's inline nn.CrossEntropyLoss()): the model's choice.
+        self.per_num_items = True
         self.loss_in_graph = True
 
+    def use(self, choice) -> None:
+        """Take a ``loss_choice.LossChoice`` (made on the first batch, before ORT exports)."""
+        self.loss_kind, self.per_num_items = choice.kind, choice.per_num_items
+
+    @property
+    def takes_num_items(self) -> bool:
+        """Whether the loss is normalised by ``num_items_in_batch`` when the Trainer has one,
+        exactly where the Trainer's own loss would be."""
+        if self.loss_kind == USER_LOSS or (self.loss_kind == CROSS_ENTROPY and self.label_smoothing):
+            return True  # compute_loss_func and LabelSmoother always receive it
+        if self.loss_kind == CROSS_ENTROPY and not self.per_num_items:
+            return False
+        return self.model_accepts_loss_kwargs
+
     def forward(self, labels: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None, **inputs):
+        if not self.takes_num_items:
+            num_items_in_batch = None
+        if self.loss_kind == MODEL_LOSS:
+            if labels is not None:
+                inputs["labels"] = labels
+            if num_items_in_batch is not None:
+                inputs["num_items_in_batch"] = num_items_in_batch
+            return {"loss": model_loss(self.model(**inputs), inputs)}
         if not self.loss_in_graph:
-            outputs = self.model(**inputs)
-            return {"logits": _output(outputs, "logits")}
-        if labels is None:
-            raise missing_labels_error(inputs)
-        if self.compute_loss_func is not None:
+            return {"logits": _output(self.model(**inputs), "logits")}
+        if self.loss_kind == USER_LOSS:
             outputs = self.model(**inputs)
             return {"loss": self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)}
-        if not self._is_class_label(labels):
-            # Regression and multi-label targets: the model's own loss (MSE / BCE).
-            outputs = self.model(labels=labels, **inputs)
-            return {"loss": _output(outputs, "loss")}
+        if labels is None:
+            raise missing_labels_error(inputs)
         return {"loss": self.loss_from_outputs(self.model(**inputs), labels, num_items_in_batch)}
 
     def token_labels(self, labels: torch.Tensor) -> torch.Tensor:
@@ -80,13 +115,10 @@ class ModuleWithLoss(nn.Module):
         """Share of the label positions the loss uses (after the causal shift)."""
         return float((self.token_labels(labels) != IGNORE_INDEX).float().mean())
 
-    def takes_token_class_labels(self, labels: torch.Tensor) -> bool:
-        """True when the loss is the cross-entropy over class labels (not a user's or the model's own)."""
-        return self.compute_loss_func is None and self._is_class_label(labels)
-
     def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
-        """The cross-entropy of ``forward``, from the model's outputs (usable as a Trainer
-        ``compute_loss_func``)."""
+        """The cross-entropy of ``forward``, from the model's outputs."""
+        if not self.takes_num_items:
+            num_items_in_batch = None
         logits = _output(outputs, "logits")
         logits = logits.float().reshape(-1, logits.shape[-1])
         labels = self.token_labels(labels).to(logits.device)
@@ -103,18 +135,30 @@ class ModuleWithLoss(nn.Module):
             loss = (1 - self.label_smoothing) * loss + self.label_smoothing * smooth
         return loss / num_items_in_batch
 
-    def _is_class_label(self, labels: torch.Tensor) -> bool:
-        if labels.is_floating_point():
+    def is_class_label(self, labels: torch.Tensor | None) -> bool:
+        """Whether ``labels`` are class ids the cross-entropy can take (not regression or
+        multi-label targets)."""
+        if labels is None or labels.is_floating_point():
             return False
         config = getattr(self.model, "config", None)
         problem = getattr(config, "problem_type", None)
         if problem in ("regression", "multi_label_classification"):
             return False
         if problem is None and type(self.model).__name__.endswith("ForSequenceClassification"):
-            if getattr(config, "num_labels", 2) == 1:
-                return False
-            config.problem_type = "single_label_classification"  # as the model's own loss would set it
+            return getattr(config, "num_labels", 2) != 1
         return True
+
+
+class LossInPyTorch:
+    """The engine module returning logits, and ModuleWithLoss's cross-entropy on them in PyTorch:
+    what the parent's ``compute_loss`` calls as the model when the loss stays out of the graph."""
+
+    def __init__(self, engine_module: nn.Module, loss_module: ModuleWithLoss):
+        self.engine_module, self.loss_module = engine_module, loss_module
+
+    def __call__(self, labels=None, num_items_in_batch=None, **inputs):
+        outputs = self.engine_module(**inputs)
+        return {"loss": self.loss_module.loss_from_outputs(outputs, labels, num_items_in_batch), **outputs}
 
 
 def _output(outputs, key: str) -> torch.Tensor:
@@ -122,11 +166,22 @@ def _output(outputs, key: str) -> torch.Tensor:
     return outputs[key] if isinstance(outputs, dict) else outputs[0]
 
 
+def model_loss(outputs, inputs) -> torch.Tensor:
+    """The loss a model returned, read as the Trainer reads it; a clear error when there is none."""
+    if isinstance(outputs, dict) and outputs.get("loss") is None:
+        raise ValueError(
+            "The model did not return a loss from the inputs, only the following keys: "
+            f"{','.join(k for k in outputs.keys() if k != 'loss')}. For reference, the inputs it received are "
+            f"{','.join(inputs.keys())}. Give it its labels (label_names), or a compute_loss_func."
+        )
+    return outputs["loss"] if isinstance(outputs, dict) else outputs[0]
+
+
 def missing_labels_error(batch) -> ValueError:
     return ValueError(
-        "ModuleWithLoss needs `labels` in every training batch, and this batch has none "
-        f"(keys: {', '.join(sorted(batch))}). Add labels to the dataset / collator, set "
-        "label_names if they are called differently, or set use_module_with_loss=False."
+        "ModuleWithLoss needs `labels` in every training batch for its cross-entropy, and this batch has "
+        f"none (keys: {', '.join(sorted(batch))}). Add labels to the dataset / collator, set label_names if "
+        "they are called differently, or set use_module_with_loss=False."
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 
@@ -23,17 +22,18 @@ from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallb
 from ..engine import ORTOptions, wrap_model
 from ..engine.export import INFERENCE_OPSET
 from ..engine.optim import fused_adamw_cls_and_kwargs
-from ..module_with_loss import ModuleWithLoss, missing_labels_error
+from ..module_with_loss import CROSS_ENTROPY, LossInPyTorch, ModuleWithLoss, choose_loss
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
 from .deepspeed import prepare_deepspeed
+from .neftune import use_exportable_neftune
+from .first_step import record_memory_plans, why_no_label_sparsity
 from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 
 logger = logging.getLogger(__name__)
 
 # ORT 1.19.2 fires label sparsity when fewer than this share of labels are used.
 LABEL_SPARSITY_THRESHOLD = 0.9
-MEMORY_PLANS_FILE = "ort_memory_plans.json"
 
 
 def _as_ort_args(args: TrainingArguments | None) -> ORTTrainingArguments:
@@ -58,12 +58,11 @@ class ORTTrainer(Trainer):
         self._ort_train_model = None  # what _wrap_model returned (DDP outside it when distributed)
         self._ort_eval_module = None
         self._pending_ort_logs: dict[str, float] = {}
+        self._ort_facts_due = True  # False in a run resumed from a checkpoint
+        self._ort_new_train_call = False  # the next _wrap_model starts a train() call (not a retry)
         self._loss_module: ModuleWithLoss | None = None  # inside the engine module when use_module_with_loss
         self._label_sparsity_checked = False
         self._seeded_step, self._micro_step = -1, 0
-        if self.args.use_ort and self.args.use_module_with_loss:
-            # ModuleWithLoss takes num_items_in_batch whatever the model's forward accepts.
-            self.model_accepts_loss_kwargs = True
         self._add_default_callbacks()
 
     def _add_default_callbacks(self) -> None:
@@ -99,6 +98,8 @@ class ORTTrainer(Trainer):
                                  f"next to it is {intact or 'none'}; pass that, or resume_from_checkpoint=True.")
         # A checkpoint write that fails (full or read-only disk) ends with one message saying
         # which checkpoint is intact and how to resume.
+        self._ort_facts_due = not resume_from_checkpoint
+        self._ort_new_train_call = True
         with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step):
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
@@ -112,9 +113,15 @@ class ORTTrainer(Trainer):
             return super()._wrap_model(model, training, dataloader)
         # Called once per training attempt by the parent loop (again only when
         # auto_find_batch_size retries with a smaller batch, when a fresh session is wanted).
+        if getattr(self, "neftune_hook_handle", None) is not None:
+            self.neftune_hook_handle = use_exportable_neftune(self.model, self.neftune_hook_handle)
+        new_call, self._ort_new_train_call = self._ort_new_train_call, False
+        options = self._training_options()
+        if new_call and self._can_reuse_engine(options):
+            return self._ort_train_model  # a later train() on the same model and options: no re-export
         if self._ort_engine_module is not None:
             self._ort_engine_module.release()  # a retry (auto_find_batch_size): free the old session first
-        engine_module = wrap_model(self._training_target(), self._training_options())
+        engine_module = wrap_model(self._training_target(), options)
         self._ort_engine_module = engine_module
         self._label_sparsity_checked = False
         for observer in self._observers():
@@ -127,6 +134,15 @@ class ORTTrainer(Trainer):
         self._ort_train_model = wrapped
         return wrapped
 
+    def _can_reuse_engine(self, options: ORTOptions) -> bool:
+        engine = self._ort_engine_module
+        if engine is None or self.is_deepspeed_enabled or self.args.parallel_mode == ParallelMode.DISTRIBUTED:
+            return False
+        target = engine.module.model if isinstance(engine.module, ModuleWithLoss) else engine.module
+        wants_loss_module = self.args.use_module_with_loss
+        return (target is self.model and engine.options == options and engine.engine_status().backend == "ort"
+                and isinstance(engine.module, ModuleWithLoss) == wants_loss_module)
+
     def _training_target(self) -> nn.Module:
         if not self.args.use_module_with_loss:
             self._loss_module = None
@@ -138,6 +154,7 @@ class ORTTrainer(Trainer):
             # when it says False, ModuleWithLoss decides from the model's class.
             shift_labels=True if self._loss_shifts_labels else None,
             compute_loss_func=self.compute_loss_func,
+            model_accepts_loss_kwargs=self.model_accepts_loss_kwargs,
         )
         return self._loss_module
 
@@ -208,23 +225,22 @@ class ORTTrainer(Trainer):
         if not through_engine:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs.get("labels")
-        if labels is None:
-            raise missing_labels_error(inputs)  # before ORT traces a graph without a loss
         check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         if not self._label_sparsity_checked:
-            self._place_loss(labels)  # before the first forward: it decides what ORT exports
+            self._place_loss(inputs, num_items_in_batch)  # before the first forward: it decides what ORT exports
         self._reseed_ort()
-        if self._loss_module.loss_in_graph:
-            # ModuleWithLoss already applied label smoothing / compute_loss_func inside the graph;
-            # the parent must only read outputs["loss"] and scale it across devices as usual.
-            hooks = {"label_smoother": None, "compute_loss_func": None}
-        else:
-            # ORT returns logits; the parent hands them to the same loss, in PyTorch.
-            hooks = {"label_smoother": None, "compute_loss_func": self._loss_module.loss_from_outputs,
-                     "model_accepts_loss_kwargs": False}
+        module = self._loss_module
+        if num_items_in_batch is not None and module.takes_num_items:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        # ModuleWithLoss computes what the parent would (label smoothing, compute_loss_func, the
+        # model's loss); the parent only reads outputs["loss"] and scales it across devices under
+        # the condition it would use for that loss.
+        hooks = {"label_smoother": None, "compute_loss_func": None,
+                 "model_accepts_loss_kwargs": self.model_accepts_loss_kwargs or self.compute_loss_func is not None}
+        runner = model if module.loss_in_graph else LossInPyTorch(model, module)
         try:
             with _replaced(self, **hooks):
-                loss = super().compute_loss(model, inputs, False, num_items_in_batch)
+                loss = super().compute_loss(runner, inputs, False, num_items_in_batch)
         except RuntimeError as exc:
             last = last_complete_checkpoint(self.args.output_dir)
             raise RuntimeError(
@@ -238,17 +254,24 @@ class ORTTrainer(Trainer):
             self._report_first_step(labels)
         return loss
 
-    def _place_loss(self, labels: torch.Tensor) -> None:
-        """Loss inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits.
+    def _place_loss(self, inputs: dict, num_items_in_batch) -> None:
+        """Which loss the graph computes (``loss_choice``), and for ModuleWithLoss's cross-entropy,
+        inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits.
 
-        ORT 1.19.2's label sparsity fires below 90% label density. Above it there is nothing to
-        drop, and ORT's CPU cross-entropy kernel over every position is slower than PyTorch's
-        (measured on the causal-LM bench: 1,862 ms/step inside vs 1,563 ms outside).
-        """
+        ORT 1.19.2's label sparsity fires below ``LABEL_SPARSITY_THRESHOLD``. Above it there is
+        nothing to drop, and ORT's CPU cross-entropy kernel over every position is slower than
+        PyTorch's (docs/benchmarks.md, causal LM)."""
         module, mode = self._loss_module, self.args.ort_loss_in_graph
-        if mode != "auto":
+        labels = inputs.get("labels")
+        choice = choose_loss(module, inputs, num_items_in_batch)
+        module.use(choice)
+        if choice.reason:
+            logger.warning("ort_hf: the model's own loss is trained, inside the ORT graph, with no label sparsity: %s.",
+                           choice.reason)
+            module.loss_in_graph = True
+        elif mode != "auto":
             module.loss_in_graph = mode == "always"
-        elif labels.dim() < 2 or not module.takes_token_class_labels(labels):
+        elif module.loss_kind != CROSS_ENTROPY or labels.dim() < 2:
             module.loss_in_graph = True  # sequence-level labels or a user's loss: nothing to gain outside
         else:
             density = module.label_density(labels)
@@ -258,6 +281,7 @@ class ORTTrainer(Trainer):
                             "batch) leaves label sparsity nothing to drop (--ort_loss_in_graph always to override).",
                             100 * density)
         self._pending_ort_logs["ort/loss_in_graph"] = float(module.loss_in_graph)
+        self._pending_ort_logs["ort/model_loss"] = float(module.loss_kind != CROSS_ENTROPY)
 
     def _reseed_ort(self) -> None:
         # One seed per micro-step from (seed, global step, micro-step): dropout masks in the ORT
@@ -277,13 +301,15 @@ class ORTTrainer(Trainer):
                 "ort/fallback": float(status.backend == "pytorch"),
             }
         )
-        self._record_memory_plans(engine)
+        self._pending_ort_logs.update(record_memory_plans(engine, self.args))
         stats = engine.padding_stats
         if stats["total_tokens"]:
             logger.info("ort_hf: trimming trailing padding before ORT (no padding elimination on CPU): "
                         "the first batch kept %.1f%% of its token positions.",
                         100 * stats["kept_tokens"] / stats["total_tokens"])
-        if labels is None or labels.dim() < 2 or status.backend != "ort" or not self._loss_module.loss_in_graph:
+        module = self._loss_module
+        if (labels is None or labels.dim() < 2 or status.backend != "ort" or not module.loss_in_graph
+                or module.loss_kind != CROSS_ENTROPY):
             return  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove
         density = self._loss_module.label_density(labels)  # as the loss sees them (after a causal shift)
         fired = bool(engine.label_sparsity_fired())
@@ -298,33 +324,10 @@ class ORTTrainer(Trainer):
             logger.warning(
                 "ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
                 100 * density,
-                self._why_no_label_sparsity(status),
+                why_no_label_sparsity(self.args, status),
             )
         else:
             logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below 90%%).", 100 * density)
-
-    def _record_memory_plans(self, engine) -> None:
-        """The recompute plans ORT found: logged once, saved as JSON, counted in the metrics."""
-        plans = engine.memory_plans()
-        if not plans:
-            return
-        on = [p for p in plans if p.enabled]
-        self._pending_ort_logs["memory/plans_on"] = float(len(on))
-        self._pending_ort_logs["memory/plan_bytes_saved"] = float(sum(p.bytes_saved or 0 for p in on))
-        if self.args.should_save:
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, MEMORY_PLANS_FILE), "w") as f:
-                json.dump([dataclasses.asdict(p) for p in plans], f, indent=2)
-        rows = "\n".join(f"  {'ON ' if p.enabled else 'OFF'} {p.plan:<45} x{p.frequency:<3} {p.bytes_saved or 0:>14,.0f}"
-                         for p in plans)
-        logger.info("ort_hf: ORT memory optimizer plans (first batch; bytes saved per step):\n%s", rows)
-
-    def _why_no_label_sparsity(self, status) -> str:
-        if not self.args.ort_enable_label_sparsity:
-            return "--ort_enable_label_sparsity is off."
-        if not status.pythonop:
-            return "ORT's PythonOp extension is unavailable (see `ort-hf doctor`)."
-        return "ORT did not rewrite the loss; run with --ort_save_onnx and inspect the graph."
 
     # --- data ------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):
@@ -348,7 +351,10 @@ class ORTTrainer(Trainer):
     # --- logging ---------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
-            logs.update(self._pending_ort_logs)
+            if self._ort_facts_due:
+                # One-time facts of this run's graph: in the original run's first log only, so a
+                # resumed run's log_history is the uninterrupted one's.
+                logs.update(self._pending_ort_logs)
             self._pending_ort_logs = {}
             stats = self._ort_engine_module.padding_stats if self._ort_engine_module is not None else {}
             if stats.get("total_tokens"):  # share of token positions ORT computed, so far

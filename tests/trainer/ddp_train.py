@@ -80,6 +80,9 @@ def main() -> None:
             learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
             per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
             ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad, gradient_accumulation_steps=cli.accumulation,
+            # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
+            # multiply it by the number of processes when averaging tokens across them.
+            average_tokens_across_devices=False,
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset())
         trainer.train()

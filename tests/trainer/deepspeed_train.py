@@ -87,6 +87,9 @@ def main() -> None:
         use_module_with_loss=cli.module_with_loss == "true", ddp_backend="gloo" if deepspeed else None,
         deepspeed=deepspeed_config(cli.stage, cli.config_optimizer, cli.fp16) if deepspeed else None,
         fp16=cli.fp16,
+        # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
+        # multiply it by the number of processes when averaging tokens across them.
+        average_tokens_across_devices=False,
     )
     counter = StepCounter()
     trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset(), callbacks=[counter])

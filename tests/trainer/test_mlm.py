@@ -72,19 +72,24 @@ def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
     assert trainer._ort_engine_module.label_sparsity_fired() is False
 
 
-def test_gradient_accumulation_is_exact(dataset, tokenizer, tmp_path):
-    """batch 8 x accumulation 1 == batch 4 x accumulation 2, with label counts differing per micro batch."""
+def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
+    """batch 4 x accumulation 2, label counts differing per micro batch: the same steps as Trainer.
+
+    BertForMaskedLM's loss is its batch mean (an inline nn.CrossEntropyLoss that ignores
+    num_items_in_batch), so Trainer sums two micro-batch means; ModuleWithLoss's cross-entropy
+    must do the same, not a count-weighted mean."""
     runs = {}
-    for name, (batch, accum) in {"8x1": (8, 1), "4x2": (4, 2)}.items():
+    for cls_trainer, cls_args in ((Trainer, TrainingArguments), (ORTTrainer, ORTTrainingArguments)):
         model = tiny_bert_mlm(tokenizer.vocab_size)
-        args = _args(ORTTrainingArguments, tmp_path / name, max_steps=6, per_device_train_batch_size=batch,
-                     gradient_accumulation_steps=accum)
-        trainer = ORTTrainer(model=model, args=args, train_dataset=dataset)
+        args = _args(cls_args, tmp_path / cls_trainer.__name__, max_steps=4, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=2)
+        trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
-        runs[name] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
+        runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
+    assert trainer.ort_engine_status().backend == "ort" and trainer._loss_module.loss_kind == "cross_entropy"
     micro_counts = [sum(1 for x in row if x != -100) for row in dataset["labels"][:8]]
     assert sum(micro_counts[:4]) != sum(micro_counts[4:]), "micro batches should hold different label counts"
-    (l1, p1), (l2, p2) = runs["8x1"], runs["4x2"]
+    (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]
     assert max(abs(a - b) for a, b in zip(l1, l2)) <= 1e-4
     for name in p1:
         torch.testing.assert_close(p2[name], p1[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")

@@ -1,0 +1,110 @@
+"""Which loss ModuleWithLoss computes: its cross-entropy only where that is the model's own loss.
+
+The Trainer trains on the model's loss unless a ``compute_loss_func`` or label smoothing
+replaces it. ModuleWithLoss's cross-entropy (the form ORT's label sparsity needs) stands in for
+the model's loss only when the model is a transformers head whose loss path nobody changed, and
+its loss on the first batch, computed once in PyTorch, equals that cross-entropy of its logits.
+Everything else (a class-weighted or focal loss, an auxiliary router loss, an in-code module, a
+loss from other inputs than ``labels``) trains on the model's own loss inside the ORT graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._model_state import side_effect_free
+from .module_with_loss import CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, model_loss
+
+PROBE_ROWS = 4  # rows of the first batch the check runs on (any row with a label shows a loss change)
+
+
+@dataclass(frozen=True)
+class LossChoice:
+    kind: str  # one of LOSS_KINDS
+    reason: str | None = None  # why the model's own loss is kept
+    # For the cross-entropy: whether the model's loss divides by num_items_in_batch (transformers'
+    # loss_function) or takes its own batch mean (e.g. BertForMaskedLM's inline CrossEntropyLoss).
+    per_num_items: bool = True
+
+
+def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None) -> LossChoice:
+    """What ``module`` should compute for the model and the first batch (see the module docstring)."""
+    labels = batch.get("labels")
+    if module.compute_loss_func is not None:
+        return LossChoice(USER_LOSS)
+    if module.label_smoothing and labels is not None and module.is_class_label(labels):
+        return LossChoice(CROSS_ENTROPY)  # the Trainer's LabelSmoother replaces the model's loss too
+    reason = _not_a_standard_head(module, labels)
+    if reason:
+        _check_returns_loss(module, batch)
+        return LossChoice(MODEL_LOSS, reason)
+    return _compare_on_first_batch(module, batch, num_items_in_batch)
+
+
+def _check_returns_loss(module: ModuleWithLoss, batch: dict) -> None:
+    """Raise the Trainer's error for a model that returns no loss, before ORT exports it."""
+    rows = _first_rows(batch, PROBE_ROWS)
+    with side_effect_free(module.model):
+        model_loss(module.model(**rows), rows)
+
+
+def _not_a_standard_head(module: ModuleWithLoss, labels) -> str | None:
+    from transformers import PreTrainedModel
+
+    model, name = module.model, type(module.model).__name__
+    if labels is None:
+        return "the batch has no `labels` (the model computes its loss from other inputs)"
+    if not module.is_class_label(labels):
+        return "the labels are not class ids (regression or multi-label targets)"
+    if not isinstance(model, PreTrainedModel):
+        return f"{name} is not a transformers model, so its loss can be anything"
+    if not type(model).forward.__module__.startswith("transformers."):
+        return f"{name}.forward is defined outside transformers ({type(model).forward.__module__})"
+    if "_loss_function" in vars(model) or type(model).loss_function is not PreTrainedModel.loss_function:
+        return f"{name}.loss_function is replaced"
+    return None
+
+
+def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_batch) -> LossChoice:
+    rows = _rows_with_labels(batch, module)
+    labels = rows.pop("labels")
+    count = int((module.token_labels(labels) != IGNORE_INDEX).sum())
+    probe_items = None
+    if module.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        # Any count but the rows' own shows whether the model divides by num_items_in_batch.
+        probe_items = torch.tensor(count + 1, device=labels.device)
+        rows["num_items_in_batch"] = probe_items
+    with side_effect_free(module.model):
+        outputs = module.model(labels=labels, **rows)
+        own = model_loss(outputs, rows).float()
+        try:
+            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[1]
+            summed = module.loss_from_outputs({"logits": logits}, labels, count) * count
+        except (KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
+            return LossChoice(MODEL_LOSS, f"its outputs do not give a cross-entropy over its labels "
+                                          f"({type(exc).__name__}: {exc})")
+    for per_num_items, divisor in ((True, probe_items), (False, count)):
+        if divisor is not None and own.shape == summed.shape and torch.allclose(own, summed / divisor, rtol=1e-4,
+                                                                                 atol=1e-6):
+            return LossChoice(CROSS_ENTROPY, per_num_items=per_num_items)
+    return LossChoice(MODEL_LOSS, f"its loss on the first batch ({own.flatten()[0].item():.6g}) is not the "
+                                  f"cross-entropy of its logits ({(summed / count).item():.6g}): it weights, adds "
+                                  "to or normalises it differently")
+
+
+def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
+    """The first ``PROBE_ROWS`` rows of the batch if one of them has a used label, else the batch."""
+    cut = _first_rows(batch, PROBE_ROWS)
+    if (module.token_labels(cut["labels"]) != IGNORE_INDEX).any():
+        return cut
+    return dict(batch)
+
+
+def _first_rows(batch: dict, rows: int) -> dict:
+    sizes = {v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.dim()}
+    if len(sizes) != 1:
+        return dict(batch)  # no single batch dimension to cut along
+    size = sizes.pop()
+    return {k: (v[:rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v) for k, v in batch.items()}
