@@ -27,6 +27,25 @@ class WeightedLossNet(nn.Module):
         return {"loss": 10 * nn.functional.cross_entropy(logits, labels, weight=self.class_weight), "logits": logits}
 
 
+class LineFit(nn.Module):
+    """y = a * x + b with its MSE loss, as transformers' own Trainer tests write models."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(0.0))
+        self.b = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, input_x, labels=None):
+        y = input_x * self.a + self.b
+        return (y,) if labels is None else (nn.functional.mse_loss(y, labels), y)
+
+
+def line_dataset(n: int = 64, seed: int = 0) -> Dataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    return Dataset.from_dict({"input_x": x.tolist(), "labels": (2 * x + 3 + 0.1 * torch.randn(n, generator=g)).tolist()})
+
+
 class ConvBatchNormNet(nn.Module):
     """Conv + BatchNorm: running statistics change in every training forward."""
 
@@ -119,8 +138,11 @@ def focal_loss(outputs, labels, num_items_in_batch=None):
 # name -> (model factory, dataset factory, extra training arguments, trainer kwargs)
 RECIPES = {
     "classification-eval-accumulation": (lambda: build(FAMILIES["bert-cls"]), tokens_dataset,
-                                         dict(gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2,
-                                              save_strategy="steps", save_steps=3), {}),
+                                         dict(gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=3,
+                                              save_strategy="steps", save_steps=3, load_best_model_at_end=True,
+                                              metric_for_best_model="eval_loss"), {}),
+    "in-code-regression-tuple-output": (LineFit, line_dataset, dict(eval_strategy="steps", eval_steps=2,
+                                                                    learning_rate=0.1), {}),
     "regression": (bert_regressor, lambda: tokens_dataset(regression=True), {}, {}),
     "own-weighted-loss": (WeightedLossNet, features_dataset, dict(eval_strategy="steps", eval_steps=3), {}),
     "auxiliary-loss-term": (mlm_with_z_loss, mlm_dataset, {}, {}),
