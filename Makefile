@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ort_hf-installed
 
-.PHONY: setup test test-all doctor demo bench clean
+.PHONY: setup test test-all doctor demo bench gpu-check test-gpu clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11 (onnxruntime-training 1.19.2 has no wheels beyond it); set PYTHON=/path/to/python3.11"'
@@ -40,5 +40,31 @@ demo: setup
 bench: setup
 	$(VENV)/bin/ort-hf bench --out outputs/bench
 
+# The CUDA side, in its own venv (about 9 GB: CUDA torch 2.13, ORT's CUDA build and its CUDA 11
+# libraries, nvcc wheels). torch's CUDA build comes from the default index, so this machine's pip
+# settings that serve the local CPU wheel (find-links, config file) are bypassed here only.
+GPU_VENV := .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.ort_hf-installed
+GPU_PIP := env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(GPU_PY) -m pip
+
+$(GPU_STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11; set PYTHON=/path/to/python3.11"'
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PIP) install --quiet --upgrade pip
+	$(GPU_PY) -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null || \
+		{ $(GPU_PIP) uninstall --yes --quiet torch; $(GPU_PIP) install --quiet torch==2.13.0; }
+	$(GPU_PIP) install --quiet -e '.[gpu,gpu-build,dev]'
+	touch $(GPU_STAMP)
+
+# Proof of the CUDA path on a machine without a GPU (scripts/gpu_check.py). Not part of `make test`.
+gpu-check: $(GPU_STAMP)
+	MAX_JOBS=2 $(GPU_PY) scripts/gpu_check.py
+
+# For a GPU owner: the tests marked gpu (tests/engine/test_gpu.py), after `ort-hf doctor`.
+test-gpu: $(GPU_STAMP)
+	$(GPU_VENV)/bin/ort-hf doctor
+	$(GPU_PY) -m pytest tests -m gpu
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info

@@ -14,22 +14,57 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _train_one_step() -> str:
+def _train_one_step(device: str = "cpu") -> str:
     """Run one training step of a tiny model through ORT with fallback disabled."""
     import torch
 
     from .engine import ORTOptions, wrap_model
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to(device)
     wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR"))
     wrapped.train()
-    loss = wrapped(torch.randn(4, 8)).square().mean()
+    loss = wrapped(torch.randn(4, 8, device=device)).square().mean()
     loss.backward()
     status = wrapped.engine_status()
     if status.backend != "ort":
         raise RuntimeError(f"backend is {status.backend}: {status.fallback_reason}")
-    return f"ok (one step through ORT, export {status.export_seconds:.2f}s)"
+    provider = wrapped.session_providers()[0] if device != "cpu" else "CPUExecutionProvider"
+    return f"ok (one step through ORT on {provider}, export {status.export_seconds:.2f}s)"
+
+
+def _gpu_lines(lines: list, problems: list) -> None:
+    """The CUDA side: driver, GPUs against ORT's kernels, provider libraries, one step on CUDA."""
+    import torch
+
+    from .engine import cuda
+
+    if cuda.provider_library() is None:
+        lines.append(("CUDA provider", "none (onnxruntime-training-cpu)"))
+        return
+    if not cuda.driver_present():
+        lines.append(("CUDA provider", "installed (gpu extra), but no NVIDIA driver here (libcuda.so.1): "
+                                       "ORT trains on CPU, CUDA sessions are refused"))
+        return
+    import ctypes
+
+    version = ctypes.c_int()
+    ctypes.CDLL(cuda.DRIVER).cuDriverGetVersion(ctypes.byref(version))
+    driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    lines.append(("NVIDIA driver", f"CUDA {driver} (torch {torch.__version__} needs CUDA {torch.version.cuda})"))
+    problem = cuda.check_provider_links()
+    for soname, source in cuda.library_sources().items():
+        lines.append((f"  {soname}", source))
+    if problem:
+        problems.append(f"ORT's CUDA provider does not load: {problem}")
+    if not torch.cuda.is_available():
+        problems.append(f"torch sees no GPU although the driver is there: a CUDA {driver} driver is older than "
+                        f"torch's CUDA {torch.version.cuda}, or no device is visible (CUDA_VISIBLE_DEVICES).")
+        return
+    for i in range(torch.cuda.device_count()):
+        cap = torch.cuda.get_device_capability(i)
+        lines.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)}, {cuda.arch_note(cap)}"))
+    lines.append(("CUDA training check", _train_one_step("cuda")))
 
 
 def run_doctor() -> int:
@@ -71,6 +106,7 @@ def run_doctor() -> int:
                 problems.append("PythonOp unavailable: custom autograd functions are inlined, label sparsity off.")
             lines.append(("training check", _train_one_step()))
             can_train = True
+            _gpu_lines(lines, problems)
         except (EngineUnavailableError, ExtensionBuildError, RuntimeError) as exc:
             problems.append(str(exc))
 

@@ -201,6 +201,10 @@ def _bridge_session_options() -> None:
     @functools.wraps(original)
     def get_session_config(self):
         session_options, providers, provider_options = original(self)
+        if "CUDAExecutionProvider" in providers:
+            from .cuda import require_driver
+
+            require_driver()  # without libcuda.so.1, ORT aborts the process instead of raising
         record = ACTIVE_EXPORT_RECORD.get()
         if record is None:
             return session_options, providers, provider_options

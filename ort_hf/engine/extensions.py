@@ -11,6 +11,7 @@ registered in ``sys.modules`` under the name ORTModule imports.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -29,7 +30,11 @@ from .errors import ExtensionBuildError
 logger = logging.getLogger(__name__)
 
 ORT_EXTENSION_PACKAGE = "onnxruntime.training.ortmodule.torch_cpp_extensions"
-EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
+CPU_EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
+# Needed where torch sees a GPU: ORTModule imports torch_gpu_allocator when it builds a CUDA
+# session, ORT's FusedAdam (--optim adamw_ort_fused) imports fused_ops.
+CUDA_EXTENSIONS = ("torch_gpu_allocator", "fused_ops")
+EXTENSIONS = CPU_EXTENSIONS + CUDA_EXTENSIONS
 CACHE_ENV = "ORT_HF_CACHE_DIR"
 
 
@@ -85,7 +90,8 @@ def extension_dir() -> Path:
 def _ort_sources(name: str) -> Path:
     spec = importlib.util.find_spec("onnxruntime")
     assert spec is not None and spec.origin is not None
-    root = Path(spec.origin).parent / "training" / "ortmodule" / "torch_cpp_extensions" / "cpu" / name
+    kind = "cuda" if name in CUDA_EXTENSIONS else "cpu"
+    root = Path(spec.origin).parent / "training" / "ortmodule" / "torch_cpp_extensions" / kind / name
     if not root.is_dir():
         raise ExtensionBuildError(f"ORT's sources for {name} are missing from {root}: reinstall onnxruntime-training.")
     return root
@@ -118,14 +124,19 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
         from .interop_port import apply_port
 
         apply_port(dest)
-    return sorted(dest.glob("*.cc"))
+    if name == "torch_gpu_allocator":
+        # ORT's setup.py fills these in for CUDA or ROCm before compiling.
+        source = dest / "torch_gpu_allocator.cc"
+        source.write_text(source.read_text().replace("___gpu_identifier___", "cuda")
+                          .replace("___gpu_allocator_header___", "CUDACachingAllocator"))
+    return sorted(p for p in dest.iterdir() if p.suffix in (".cc", ".cpp", ".cu"))
 
 
 _CFLAGS = ["-O3", "-std=c++17"]  # as ORT's own setup.py builds them
 
 
-def _digest(paths: list[Path]) -> str:
-    h = hashlib.sha256(" ".join(_CFLAGS).encode())
+def _digest(paths: list[Path], archs: str = "") -> str:
+    h = hashlib.sha256(" ".join(_CFLAGS + [archs]).encode())
     for p in paths:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -144,34 +155,84 @@ def build_extension(name: str, verbose: bool = False):
     base = extension_dir()
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
+    cuda = name in CUDA_EXTENSIONS
     with filelock.FileLock(str(base / f"{name}.lock")):
         sources = _prepare_sources(name, workdir)
-        build_dir = workdir / f"build-{_digest(sources)}"
+        archs = _cuda_archs() if cuda else ""
+        build_dir = workdir / f"build-{_digest(sources, archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
             return _load_so(name, built)
         _check_toolchain()
         build_dir.mkdir(exist_ok=True)
-        print(f"ort_hf: building ORTModule extension {name} (once per torch/ORT version, 1-3 min)...", file=sys.stderr)
+        # torch's own build baton: a build killed mid-way leaves it, and every later build then
+        # waits on it forever. Under our lock no other build of this extension can be running.
+        (build_dir / "lock").unlink(missing_ok=True)
+        print(f"ort_hf: building ORTModule extension {name} (once per torch/ORT version, 1-5 min)...", file=sys.stderr)
+        compiler = os.environ.get("CXX", "c++")
         try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(s) for s in sources],
-                extra_cflags=_CFLAGS,
-                extra_include_paths=[str(workdir / "src")],
-                build_directory=str(build_dir),
-                verbose=verbose,
-            )
+            with _cuda_build_environment(base, archs) if cuda else contextlib.nullcontext() as nvcc:
+                compiler = nvcc or compiler
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(s) for s in sources],
+                    extra_cflags=_CFLAGS,
+                    extra_cuda_cflags=["-O3"] if cuda else None,
+                    extra_include_paths=[str(workdir / "src")],
+                    build_directory=str(build_dir),
+                    with_cuda=cuda,
+                    verbose=verbose,
+                )
         except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
             import torch
 
+            hint = f" ({cuda_module().NVCC_WHEEL_HINT})" if cuda else " (a C++17 g++, Python headers, ninja)"
             raise ExtensionBuildError(
-                f"Building ORTModule's {name} extension failed against torch {torch.__version__}: {exc}\n"
-                f"Build files: {build_dir}. Run `ort-hf doctor` for the toolchain check."
+                f"Building ORTModule's {name} extension with {compiler} failed against torch {torch.__version__}"
+                f"{hint}: {exc}\nBuild files: {build_dir}. Run `ort-hf doctor` for the toolchain check."
             ) from exc
         if not built.exists():
             raise ExtensionBuildError(f"Building {name} produced no shared library at {built}.")
         return _load_so(name, built)
+
+
+def cuda_module():
+    from . import cuda
+
+    return cuda
+
+
+def _cuda_archs() -> str:
+    import torch
+
+    if torch.version.cuda is None:
+        raise ExtensionBuildError(f"torch {torch.__version__} is a CPU build: ORT's CUDA extensions need torch's "
+                                  "CUDA build (pip install torch==2.13.0 from the default index).")
+    return cuda_module().gpu_archs()
+
+
+@contextlib.contextmanager
+def _cuda_build_environment(base: Path, archs: str):
+    """CUDA_HOME (nvcc) and TORCH_CUDA_ARCH_LIST for one build; yields nvcc's path."""
+    from torch.utils import cpp_extension
+
+    try:
+        home = cuda_module().cuda_home(base)
+    except FileNotFoundError as exc:
+        raise ExtensionBuildError(str(exc)) from exc
+    saved_env = {k: os.environ.get(k) for k in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST")}
+    saved_home = cpp_extension.CUDA_HOME  # read by torch once, at import
+    os.environ.update(CUDA_HOME=str(home), TORCH_CUDA_ARCH_LIST=archs)
+    cpp_extension.CUDA_HOME = str(home)
+    try:
+        yield str(home / "bin" / "nvcc")
+    finally:
+        cpp_extension.CUDA_HOME = saved_home
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _load_so(name: str, so: Path):
@@ -193,8 +254,11 @@ def _load_so(name: str, so: Path):
 
 
 def load_all() -> dict[str, ExtensionStatus]:
-    """Build/load every extension ORTModule needs; failures are recorded, not raised."""
-    for name in EXTENSIONS:
+    """Build/load every extension ORTModule needs here (the CUDA ones where torch sees a GPU);
+    failures are recorded, not raised."""
+    import torch
+
+    for name in EXTENSIONS if torch.cuda.is_available() else CPU_EXTENSIONS:
         if name in _status and _status[name].loaded:
             continue
         try:

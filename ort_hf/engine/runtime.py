@@ -59,6 +59,9 @@ def ensure_engine() -> EngineState:
         from .options import scoped_environ
 
         compat.apply_torch_bridges()
+        from .cuda import load_cuda_libraries
+
+        load_cuda_libraries()  # ORT's CUDA build: its CUDA 11 libraries, before ORT opens the provider
         try:
             # ORT enables custom autograd support while importing, which imports the
             # torch_interop_utils extension that is not built yet; it is enabled per model in

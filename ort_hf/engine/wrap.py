@@ -283,6 +283,12 @@ class ORTTrainingModule(nn.Module):
         onnx_models = getattr(self._training_manager(), "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
 
+    def session_providers(self) -> list[str]:
+        """The execution providers of the training session (after the first training step)."""
+        agent = getattr(self._training_manager(), "_execution_agent", None)
+        session = getattr(agent, "_inference_session", None)
+        return session.get_providers() if session is not None else []
+
     def session_threading(self) -> dict | None:
         """The training session's intra-op pool as ORT was asked to run it: ``threads`` (0 = ORT's
         default, one per core) and ``spinning``; and ``torch_threads``, PyTorch's threads while

@@ -96,13 +96,24 @@ class ModuleWithLoss(nn.Module):
                 inputs["num_items_in_batch"] = num_items_in_batch
             return {"loss": model_loss(self.model(**inputs), inputs)}
         if not self.loss_in_graph:
+            if labels is not None:
+                inputs = self.with_decoder_inputs(inputs, labels)
             return {"logits": _output(self.model(**inputs), "logits")}
         if self.loss_kind == USER_LOSS:
             outputs = self.model(**inputs)
             return {"loss": self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)}
         if labels is None:
             raise missing_labels_error(inputs)
-        return {"loss": self.loss_from_outputs(self.model(**inputs), labels, num_items_in_batch)}
+        return {"loss": self.loss_from_outputs(self.model(**self.with_decoder_inputs(inputs, labels)), labels,
+                                               num_items_in_batch)}
+
+    def with_decoder_inputs(self, inputs: dict, labels: torch.Tensor) -> dict:
+        """``inputs`` plus the decoder inputs an encoder-decoder model derives from its labels
+        (the shifted labels), since the cross-entropy calls the model without them."""
+        prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
+        if prepare is None or "decoder_input_ids" in inputs or "decoder_inputs_embeds" in inputs:
+            return inputs
+        return {**inputs, "decoder_input_ids": prepare(labels=labels)}
 
     def token_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Labels as the loss sees them: flattened, shifted for a causal LM."""
@@ -157,7 +168,7 @@ class LossInPyTorch:
         self.engine_module, self.loss_module = engine_module, loss_module
 
     def __call__(self, labels=None, num_items_in_batch=None, **inputs):
-        outputs = self.engine_module(**inputs)
+        outputs = self.engine_module(labels=labels, **inputs)  # labels: an encoder-decoder builds its decoder inputs
         return {"loss": self.loss_module.loss_from_outputs(outputs, labels, num_items_in_batch), **outputs}
 
 

@@ -217,6 +217,14 @@ class ORTTrainer(Trainer):
             state_dict = None
         super()._save(output_dir, state_dict)
 
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        # The parent relies on accelerate, which applies --fp16/--bf16 by wrapping the forward of
+        # the model it prepares; ORT's engine module is not prepared (the PyTorch model is ORT's
+        # input), so the autocast goes around the step instead: ORT exports the autocast graph.
+        if self.args.use_ort and (self.args.fp16 or self.args.bf16):
+            return self.accelerator.autocast(autocast_handler=None)
+        return super().autocast_smart_context_manager(cache_enabled)
+
     # --- loss ------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         through_engine = (

@@ -163,6 +163,25 @@ class ORTTrainingArguments(TrainingArguments):
         },
     )
 
+    def _refuse_what_ort_cannot_run(self) -> None:
+        if not self.use_ort:
+            return
+        if self.torch_compile:
+            raise ValueError(
+                "--torch_compile with ORT: both compile the model into their own graph, and ORT exports the "
+                "uncompiled model, so torch.compile would never run. Choose one: drop --torch_compile, or "
+                "--use_ort false to train with torch.compile in PyTorch."
+            )
+        import torch
+
+        on_cuda = not self.use_cpu and torch.cuda.is_available()
+        if (self.fp16 or self.bf16) and not on_cuda:
+            raise ValueError(
+                f"--{'fp16' if self.fp16 else 'bf16'} with ORT on CPU: ORTTrainer runs ORT under autocast, which "
+                "exports a half-precision graph, and ORT 1.19's CPU kernels have no float16/bfloat16 MatMul. Train "
+                "in fp32 through ORT (drop the flag), or in mixed precision in PyTorch with --use_ort false."
+            )
+
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no
         # entry for ORT's optimizer: validate the rest with a stand-in, then put ours back.
@@ -188,6 +207,7 @@ class ORTTrainingArguments(TrainingArguments):
                     "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
+        self._refuse_what_ort_cannot_run()
         self._fit_ddp_to_mem_efficient_gradients()
         check_deepspeed_args(self)
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:

@@ -11,11 +11,79 @@ pytestmark = [
 ]
 
 
+def _cuda_batches(task: str, n: int = 5):
+    gen = torch.Generator().manual_seed(0)
+    return [{k: v.cuda() for k, v in make_batch(task, gen).items()} for _ in range(n)]
+
+
+def _on_cuda_provider(wrapped) -> None:
+    assert wrapped.session_providers()[0] == "CUDAExecutionProvider", wrapped.session_providers()
+
+
 def test_cuda_training_matches_pytorch():
     fam = FAMILIES["bert-mlm"]
+    result = run_parity(build(fam, attn="sdpa").cuda(), _cuda_batches(fam.task), options=STRICT)
+    assert_parity(*result)
+    _on_cuda_provider(result[-1])
+
+
+def test_label_sparsity_and_padding_elimination_fire_on_cuda():
+    from ort_hf.engine import wrap_model
+
+    wrapped = wrap_model(build(FAMILIES["bert-mlm"]).cuda(), STRICT)
+    wrapped.train()
+    wrapped(**_cuda_batches("mlm", 1)[0]).loss.backward()
+    _on_cuda_provider(wrapped)
+    ops = {node.op_type for node in wrapped.training_graph().graph.node}
+    assert "ShrunkenGather" in ops  # label sparsity
+    assert "PadAndUnflatten" in ops or "FlattenAndUnpad" in ops  # ORT's padding elimination (CUDA build only)
+
+
+def _trainer(tmp_path, **kw):
+    from datasets import Dataset
+
+    from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
     gen = torch.Generator().manual_seed(0)
-    batches = [{k: v.cuda() for k, v in make_batch(fam.task, gen).items()} for _ in range(5)]
-    assert_parity(*run_parity(build(fam, attn="sdpa").cuda(), batches, options=STRICT))
+    ids = torch.randint(3, 100, (32, 16), generator=gen)
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": (ids[:, 0] > 50).long().tolist()})
+    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=5, per_device_train_batch_size=8, logging_steps=1,
+                                learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", disable_tqdm=True,
+                                ort_fallback="disable", ort_log_level="ERROR", **kw)
+    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
+    trainer.train()
+    engine = trainer._ort_engine_module
+    if engine is not None:
+        assert trainer.ort_engine_status().backend == "ort"
+        _on_cuda_provider(engine)
+    return trainer
+
+
+def _losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_fp16_through_ort_matches_pytorch_fp16(tmp_path):
+    ort = _trainer(tmp_path / "ort", fp16=True)
+    pt = _trainer(tmp_path / "pt", fp16=True, use_ort=False)
+    assert max(abs(a - b) for a, b in zip(_losses(ort), _losses(pt))) <= 1e-2
+    # The autocast graph was exported: float16 casts inside (TensorProto.FLOAT16 == 10).
+    casts = [n for n in ort._ort_engine_module.training_graph().graph.node if n.op_type == "Cast"]
+    assert any(a.name == "to" and a.i == 10 for n in casts for a in n.attribute)
+
+
+def test_adamw_ort_fused_trains_like_torch_adamw(tmp_path):
+    fused = _trainer(tmp_path / "fused", optim="adamw_ort_fused")
+    torch_adamw = _trainer(tmp_path / "torch", optim="adamw_torch")
+    assert type(fused.optimizer.optimizer).__name__ == "FusedAdam"
+    assert max(abs(a - b) for a, b in zip(_losses(fused), _losses(torch_adamw))) <= 1e-4
+
+
+def test_memory_stats_and_memory_efficient_gradients_on_cuda(tmp_path):
+    trainer = _trainer(tmp_path, ort_mem_efficient_grad_mgmt=True)
+    assert trainer._ort_engine_module.mem_efficient_grad_active() is True
+    logged = next(h for h in trainer.state.log_history if "loss" in h)
+    assert logged["memory/peak_mb"] > 0 and "memory/allocated_mb" in logged
 
 
 def test_adamw_ort_fused_is_ort_fused_adam_on_cuda():

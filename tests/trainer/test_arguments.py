@@ -129,3 +129,16 @@ def test_memory_efficient_gradients_turn_off_ddp_unused_parameter_search():
     # DDP's search would mark every parameter unused, then ORT's param.backward(grad) ready again.
     assert _parse("--ort_mem_efficient_grad_mgmt").ddp_find_unused_parameters is False
     assert _parse().ddp_find_unused_parameters is None  # untouched otherwise: the Trainer decides
+
+
+@pytest.mark.parametrize("flag", ["bf16", "fp16"])
+def test_mixed_precision_on_cpu_is_refused_with_what_to_do(flag):
+    with pytest.raises(ValueError, match=f"--{flag} with ORT on CPU.*--use_ort false"):
+        ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], **{flag: True})
+    if flag == "bf16":  # the PyTorch path keeps the Trainer's behaviour
+        assert ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], bf16=True, use_ort=False).bf16
+
+
+def test_torch_compile_with_ort_is_refused():
+    with pytest.raises(ValueError, match="--torch_compile with ORT.*--use_ort false"):
+        ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], torch_compile=True)
