@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -21,15 +22,26 @@ class ExportVerificationError(RuntimeError):
     """The exported ONNX model does not reproduce PyTorch's outputs."""
 
 
-class _LogitsOnly(nn.Module):
+class _NamedOutputs(nn.Module):
+    """The model with positional inputs and a tuple of its tensor outputs (``output_names``),
+    as the exporter needs them; caches are turned off (inference exports take no past state)."""
+
     def __init__(self, model: nn.Module, input_names: list[str]):
         super().__init__()
         self.model = model
         self.input_names = input_names
+        self.no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+        self.output_names: list[str] = []
+
+    def outputs(self, *tensors) -> dict[str, torch.Tensor]:
+        output = self.model(**dict(zip(self.input_names, tensors)), **self.no_cache)
+        if not isinstance(output, dict):
+            return {"logits": output[0]}
+        return {k: v for k, v in output.items() if torch.is_tensor(v) and k != "loss"}
 
     def forward(self, *tensors):
-        output = self.model(**dict(zip(self.input_names, tensors)))
-        return output["logits"] if isinstance(output, dict) else output[0]
+        outputs = self.outputs(*tensors)
+        return tuple(outputs[name] for name in self.output_names)
 
 
 def _session(path: Path):
@@ -42,9 +54,10 @@ def export_inference_onnx(
     model: nn.Module, sample_inputs: dict[str, torch.Tensor], output_dir: str | Path, opset_version: int = INFERENCE_OPSET,
     atol: float = 1e-4, check_inputs: list[dict[str, torch.Tensor]] | None = None,
 ) -> Path:
-    """Export ``model`` (eval mode, logits output) to ``output_dir/model.onnx`` with dynamic batch
-    and sequence axes, then run it in onnxruntime on ``sample_inputs`` and ``check_inputs`` and
-    raise :class:`ExportVerificationError` unless logits match PyTorch within ``atol``."""
+    """Export ``model`` (eval mode) to ``output_dir/model.onnx`` with every tensor it outputs, by
+    name (``logits``; ``start_logits`` / ``end_logits`` for QA; ...), dynamic batch and sequence
+    axes; then run it in onnxruntime on ``sample_inputs`` and ``check_inputs`` and raise
+    :class:`ExportVerificationError` unless every output matches PyTorch within ``atol``."""
     from .runtime import ensure_engine, register_symbolics
 
     register_symbolics(ensure_engine(), opset_version)  # SDPA and friends, as for training
@@ -56,26 +69,34 @@ def export_inference_onnx(
     was_training = model.training
     device = next(model.parameters()).device
     model.eval().to("cpu")
-    wrapper = _LogitsOnly(model, names).eval()  # the exporter restores this mode on the model after export
+    wrapper = _NamedOutputs(model, names).eval()  # the exporter restores this mode on the model after export
     dynamic = {name: {0: "batch", 1: "sequence"} for name in names if cpu_inputs[name].dim() >= 2}
-    dynamic["logits"] = {0: "batch"}
     try:
         with torch.no_grad():
+            sample_outputs = wrapper.outputs(*(cpu_inputs[n] for n in names))
+        wrapper.output_names = list(sample_outputs)
+        seq = next((cpu_inputs[n].shape[-1] for n in names if cpu_inputs[n].dim() >= 2), None)
+        for name, value in sample_outputs.items():  # per-token outputs follow the sequence length
+            dynamic[name] = {0: "batch", 1: "sequence"} if value.dim() >= 2 and value.shape[1] == seq else {0: "batch"}
+        with torch.no_grad():
             torch.onnx.export(
-                wrapper, tuple(cpu_inputs[n] for n in names), str(path), input_names=names, output_names=["logits"],
-                dynamic_axes=dynamic, opset_version=opset_version, do_constant_folding=True, dynamo=False,
+                wrapper, tuple(cpu_inputs[n] for n in names), str(path), input_names=names,
+                output_names=wrapper.output_names, dynamic_axes=dynamic, opset_version=opset_version,
+                do_constant_folding=True, dynamo=False,
             )
         session = _session(path)
         for inputs in [cpu_inputs, *[{k: v.detach().cpu() for k, v in c.items() if k in names} for c in check_inputs or []]]:
             with torch.no_grad():
-                expected = wrapper(*(inputs[n] for n in names)).float().numpy()
-            got = session.run(["logits"], {n: inputs[n].numpy() for n in names})[0]
-            diff = float(np.max(np.abs(got - expected)))
-            if got.shape != expected.shape or diff > atol:
-                raise ExportVerificationError(
-                    f"{path}: onnxruntime logits differ from PyTorch (shape {got.shape} vs {expected.shape}, "
-                    f"max abs diff {diff:.2e} > {atol:g}); the file was written but should not be deployed."
-                )
+                expected = wrapper(*(inputs[n] for n in names))
+            got = session.run(wrapper.output_names, {n: inputs[n].numpy() for n in names})
+            for name, want, have in zip(wrapper.output_names, expected, got):
+                want = want.float().numpy()
+                diff = float(np.max(np.abs(have - want))) if have.shape == want.shape else float("inf")
+                if diff > atol:
+                    raise ExportVerificationError(
+                        f"{path}: onnxruntime's {name} differs from PyTorch's (shape {have.shape} vs {want.shape}, "
+                        f"max abs diff {diff:.2e} > {atol:g}); the file was written but should not be deployed."
+                    )
     except (RuntimeError, torch.onnx.errors.OnnxExporterError) as exc:
         if isinstance(exc, ExportVerificationError):
             raise

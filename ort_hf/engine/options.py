@@ -57,7 +57,10 @@ class ORTOptions:
             label sparsity detection and memory-efficient gradients).
         mem_efficient_grad_mgmt: hand gradients to PyTorch as soon as ORT computes them.
         use_triton: CUDA only: let ORT run some ops through Triton.
-        use_efficient_attention: CUDA only: ORT's fused attention graph optimiser.
+        use_efficient_attention: CUDA only: ORT's graph optimiser that replaces the attention
+            subgraph by PyTorch's memory-efficient attention kernels. ORT registers it process-wide
+            (it reads ``ORTMODULE_USE_EFFICIENT_ATTENTION`` once, at import): once a model asked
+            for it, every later CUDA model in the process gets it.
         eval_in_ort: run evaluation/prediction through ORT's inference mode instead of PyTorch.
         enable_mem_reuse: let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes it
             off). ``None`` = on whenever the memory optimizer is on, where it decides whether
@@ -199,7 +202,6 @@ def environment_for(options: ORTOptions) -> dict[str, str]:
         "ORTMODULE_DEEPCOPY_BEFORE_MODEL_EXPORT": str(int(options.deepcopy_before_export)),
         "ORTMODULE_ENABLE_MEM_EFFICIENT_GRAD_MGMT": str(int(options.mem_efficient_grad_mgmt)),
         "ORTMODULE_USE_TRITON": str(int(options.use_triton)),
-        "ORTMODULE_USE_EFFICIENT_ATTENTION": str(int(options.use_efficient_attention)),
     }
     if options.fallback == "auto":
         del env["ORTMODULE_FALLBACK_POLICY"]  # ORT's own default policy
@@ -210,6 +212,13 @@ def environment_for(options: ORTOptions) -> dict[str, str]:
     if options.memory_opt_plans:
         env["ORTMODULE_MEMORY_OPT_CONFIG"] = _write_plan_config(options.memory_opt_plans)
     return env
+
+
+def overridden_by_options(env: dict[str, str], environ=os.environ) -> list[tuple[str, str, str]]:
+    """The user's exported ``ORTMODULE_*`` variables that ``env`` (the options') sets otherwise:
+    ``(name, user's value, ours)``. Variables ``env`` does not set reach ORT as they are."""
+    return [(k, environ[k], v) for k, v in env.items() if k in environ and environ[k] != v
+            and k != "ORTMODULE_MEMORY_OPT_CONFIG"]
 
 
 def _write_plan_config(plans: tuple[str, ...]) -> str:

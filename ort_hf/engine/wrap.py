@@ -17,7 +17,7 @@ from torch import nn
 from . import compat
 from .errors import ORTFallbackError
 from .._model_state import restore_buffers
-from .options import ORTOptions, environment_for, scoped_environ
+from .options import ORTOptions, environment_for, overridden_by_options, scoped_environ
 from .runtime import EngineState, ensure_engine, register_symbolics
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
 
@@ -430,6 +430,13 @@ def _build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState)
         save_path=options.onnx_dir or "",
     )
     env = environment_for(options)
+    for name, theirs, ours in overridden_by_options(env):
+        if (name, theirs, ours) not in _WARNED_ENV:
+            _WARNED_ENV.add((name, theirs, ours))
+            logger.warning("ort_hf: %s=%s in the environment is overridden by ORTOptions (%s=%s, the "
+                           "--ort_* arguments): set the option instead.", name, theirs, name, ours)
+    if options.use_efficient_attention:
+        _enable_efficient_attention()
     plan_file = env.get("ORTMODULE_MEMORY_OPT_CONFIG")  # a temp file ORT re-reads at every session build
     try:
         with scoped_environ(env):
@@ -440,6 +447,16 @@ def _build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState)
     if plan_file:
         weakref.finalize(ort_module, _remove_file, plan_file)  # lives exactly as long as the session
     return ort_module
+
+
+_WARNED_ENV: set[tuple[str, str, str]] = set()
+
+
+def _enable_efficient_attention() -> None:
+    # ORT registers this graph optimiser only if ORTMODULE_USE_EFFICIENT_ATTENTION=1 when
+    # onnxruntime.training.ortmodule is imported (graph_optimizers/__init__.py); importing the
+    # module registers it (for CUDA graphs) whenever a model asks for it.
+    from onnxruntime.training.ortmodule.graph_optimizers import _aten_attn  # noqa: F401
 
 
 def _remove_file(path: str | None) -> None:

@@ -185,9 +185,10 @@ class ORTTrainer(Trainer):
 
     def export_onnx(self, output_dir: str, sample_inputs: dict | None = None,
                     opset_version: int = INFERENCE_OPSET) -> str:
-        """Write an inference ONNX model of the trained model (logits) plus its config and
-        tokenizer files to ``output_dir``; it is checked in onnxruntime against PyTorch's
-        logits (atol 1e-4) before this returns. ``sample_inputs`` defaults to one batch of the
+        """Write an inference ONNX model of the trained model (every tensor it outputs, by name:
+        ``logits``, or ``start_logits`` / ``end_logits``, ...) plus its config and tokenizer files
+        to ``output_dir``; each output is checked in onnxruntime against PyTorch's (atol 1e-4)
+        before this returns. ``sample_inputs`` defaults to one batch of the
         eval (or train) dataset. ``opset_version`` is the inference model's ONNX opset; it is not
         ``--ort_opset_version``, which is the training export's (16, for ORT's optimiser)."""
         from ..engine.export import export_inference_onnx

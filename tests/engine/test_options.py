@@ -117,3 +117,32 @@ def test_intra_op_threads_and_spinning_reach_the_training_session(threads, spinn
     wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
     assert wrapped.engine_status().backend == "ort"
     assert wrapped.session_threading() == {"threads": threads or 0, "spinning": expected, "torch_threads": 1}
+
+
+def test_an_exported_variable_the_options_set_otherwise_is_named_once(monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    from ort_hf.engine import wrap_model
+
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")  # as ORT's own guide says
+    monkeypatch.setenv("ORTMODULE_PRINT_MEMORY_STATS", "0")  # not one ort_hf sets: passed through
+    with caplog.at_level(logging.WARNING, logger="ort_hf"):
+        for _ in range(2):
+            wrap_model(torch.nn.Linear(2, 2), ORTOptions(fallback="disable", memory_opt_level=0))
+    said = [r.getMessage() for r in caplog.records if "overridden by ORTOptions" in r.getMessage()]
+    assert len(said) == 1 and "ORTMODULE_MEMORY_OPT_LEVEL=1" in said[0] and "ORTMODULE_MEMORY_OPT_LEVEL=0" in said[0]
+    assert not [m for m in said if "PRINT_MEMORY_STATS" in m]
+
+
+def test_efficient_attention_registers_ort_graph_optimiser():
+    import torch
+
+    from ort_hf.engine import wrap_model
+
+    wrap_model(torch.nn.Linear(2, 2), ORTOptions(use_efficient_attention=True))
+    from onnxruntime.training.ortmodule.graph_optimizer_registry import GraphOptimizerRegistry
+
+    registered = [fn.__name__ for entries in GraphOptimizerRegistry._OPTIMIZER_FUNCS.values() for fn, _, _ in entries]
+    assert "optimize_graph_for_aten_efficient_attention" in registered

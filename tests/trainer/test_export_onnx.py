@@ -1,6 +1,7 @@
 """export_onnx writes an inference model that onnxruntime runs with PyTorch's logits."""
 
 import numpy as np
+import pytest
 import onnxruntime
 import torch
 from sst2 import read_sst2, sst2_dataset
@@ -32,3 +33,34 @@ def test_exported_minilm_matches_pytorch_on_real_sentences(tmp_path, shared_data
         expected = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.numpy()
     assert got.shape == (5, 2)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+HEADS = {
+    "BertForQuestionAnswering": ["start_logits", "end_logits"],
+    "BertForTokenClassification": ["logits"],
+    "BertForMaskedLM": ["logits"],
+    "LlamaForCausalLM": ["logits"],
+}
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_every_head_exports_its_outputs_by_name(head, tmp_path):
+    import transformers as tf
+    from tiny_models import FAMILIES, make_batch
+
+    from ort_hf.engine.export import export_inference_onnx
+
+    family = FAMILIES["llama-clm"] if head.startswith("Llama") else FAMILIES["bert-cls"]
+    torch.manual_seed(0)
+    model = getattr(tf, head)(family.make_config(0.0, "eager"))
+    batch = make_batch("cls", torch.Generator().manual_seed(0))
+    batch.pop("labels")
+    path = export_inference_onnx(model, batch, tmp_path, check_inputs=[{k: v[:2] for k, v in batch.items()}])
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == HEADS[head]
+    got = session.run(None, {k: v.numpy() for k, v in batch.items()})
+    model.eval()
+    with torch.no_grad():
+        expected = model(**batch)
+    for name, value in zip(HEADS[head], got):
+        np.testing.assert_allclose(value, expected[name].numpy(), atol=1e-4, rtol=0)
