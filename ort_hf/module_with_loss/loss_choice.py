@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from .._model_state import side_effect_free
-from .module_with_loss import CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, model_loss
+from .module_with_loss import (CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, base_model,
+                               model_loss)
 
 PROBE_ROWS = 4  # rows of the first batch the check runs on (any row with a label shows a loss change)
 
@@ -53,7 +54,8 @@ def _check_returns_loss(module: ModuleWithLoss, batch: dict) -> None:
 def _not_a_standard_head(module: ModuleWithLoss, labels) -> str | None:
     from transformers import PreTrainedModel
 
-    model, name = module.model, type(module.model).__name__
+    model = base_model(module.model)  # a PEFT wrapper passes labels through to the model's own loss
+    name = type(model).__name__
     if labels is None:
         return "the batch has no `labels` (the model computes its loss from other inputs)"
     if not module.is_class_label(labels):

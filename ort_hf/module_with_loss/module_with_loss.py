@@ -199,4 +199,11 @@ def missing_labels_error(batch) -> ValueError:
 def _is_causal_lm(model: nn.Module) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    return type(base_model(model)).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT wrapper (LoRA...), or ``model`` itself."""
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model

@@ -36,24 +36,27 @@ logger = logging.getLogger(__name__)
 LABEL_SPARSITY_THRESHOLD = 0.9
 
 
-def _as_ort_args(args: TrainingArguments | None) -> ORTTrainingArguments:
+def _as_ort_args(args: TrainingArguments | None, cls: type) -> ORTTrainingArguments:
     if args is None:
-        return ORTTrainingArguments(output_dir="trainer_output")
-    if isinstance(args, ORTTrainingArguments):
+        return cls(output_dir="trainer_output")
+    if isinstance(args, cls):
         return args
     # A plain TrainingArguments keeps every value it was given, with ORT defaults added.
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    return ORTTrainingArguments(**values)
+    return cls(**values)
 
 
-class ORTTrainer(Trainer):
-    """Drop-in ``Trainer`` whose training steps run in an ORT session.
+class ORTTrainerMixin:
+    """The ORT hooks, for ``Trainer`` and its subclasses (``ORTTrainer``, ``ORTSeq2SeqTrainer``).
 
-    Evaluation and prediction run the plain model in PyTorch unless ``ort_eval_in_ort``.
+    Training steps run in an ORT session; evaluation and prediction (generation included) run
+    the plain model in PyTorch unless ``ort_eval_in_ort``.
     """
 
+    ort_args_class: type = ORTTrainingArguments
+
     def __init__(self, model=None, args=None, *pargs, **kwargs):
-        super().__init__(model, _as_ort_args(args), *pargs, **kwargs)
+        super().__init__(model, _as_ort_args(args, self.ort_args_class), *pargs, **kwargs)
         self._ort_engine_module = None  # the ORTTrainingModule of the current train() attempt
         self._ort_train_model = None  # what _wrap_model returned (DDP outside it when distributed)
         self._ort_eval_module = None
@@ -373,6 +376,10 @@ class ORTTrainer(Trainer):
             for observer in self._observers():
                 observer.merge_into(self.args, self.state, logs)
         super().log(logs, start_time)
+
+
+class ORTTrainer(ORTTrainerMixin, Trainer):
+    """Drop-in ``Trainer`` whose training steps run in an ORT session."""
 
 
 @contextlib.contextmanager

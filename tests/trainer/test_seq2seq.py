@@ -1,0 +1,47 @@
+"""ORTSeq2SeqTrainer: Seq2SeqTrainer's recipe (T5), training through ORT, generating in PyTorch."""
+
+import numpy as np
+import torch
+import transformers as tf
+from datasets import Dataset
+from tiny_models import VOCAB, _t5
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from ort_hf.trainer import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments
+
+
+def _data(rows=16, seq=10):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, VOCAB, (rows, seq), generator=g)
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
+                              "labels": ids[:, :4].tolist()})  # "summarise": copy the first 4 tokens
+
+
+def token_match(eval_pred):
+    preds, labels = eval_pred
+    n = min(preds.shape[1], labels.shape[1])
+    used = labels[:, :n] != -100
+    return {"token_match": float((preds[:, :n] == labels[:, :n])[used].mean())}
+
+
+def _run(cls_trainer, cls_args, out):
+    torch.manual_seed(0)
+    model = tf.T5ForConditionalGeneration(_t5(0.0, "eager"))
+    extra = dict(ort_fallback="disable", ort_log_level="ERROR") if cls_args is ORTSeq2SeqTrainingArguments else {}
+    args = cls_args(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                    learning_rate=0.05, optim="sgd", logging_steps=1, seed=0, report_to=[], save_strategy="no",
+                    disable_tqdm=True, predict_with_generate=True, generation_max_length=6, **extra)
+    trainer = cls_trainer(model=model, args=args, train_dataset=_data(), eval_dataset=_data(8),
+                          compute_metrics=token_match)
+    trainer.train()
+    return trainer, trainer.evaluate()
+
+
+def test_seq2seq_trains_through_ort_and_generates_like_seq2seq_trainer(tmp_path):
+    ref, ref_metrics = _run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path / "pt")
+    ort, metrics = _run(ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, tmp_path / "ort")
+    assert ort.ort_engine_status().backend == "ort"
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (ref, ort)]
+    np.testing.assert_allclose(losses[1], losses[0], atol=1e-4, rtol=0)
+    assert metrics["eval_token_match"] == ref_metrics["eval_token_match"]
+    assert abs(metrics["eval_loss"] - ref_metrics["eval_loss"]) <= 1e-4
