@@ -1,0 +1,29 @@
+"""examples/run_clm end to end: LoRA through ORT on WikiText lines, adapter saved as PEFT's."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("peft", reason="peft is not installed (pip install 'ort_hf[peft]')")
+
+
+def test_run_clm_trains_lora_through_ort(shared_data, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "run_clm"))
+    import run_clm
+
+    out = tmp_path / "run"
+    assert run_clm.main([
+        "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
+        "--train_file", str(shared_data / "wikitext-2-raw" / "wiki.test.raw"),
+        "--validation_file", str(shared_data / "wikitext-2-raw" / "wiki.valid.raw"),
+        "--max_train_samples", "16", "--max_eval_samples", "8", "--tiny_hidden_size", "32", "--tiny_layers", "1",
+        "--report_to", "none", "--save_strategy", "no", "--ort_fallback", "disable", "--disable_tqdm", "true",
+        "--logging_steps", "1",
+    ]) == 0
+    summary = json.loads((out / "ort_hf_summary.json").read_text())
+    assert summary["engine"] == "ort" and summary["label_sparsity"] is True
+    assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
+    sys.modules.pop("run_clm", None)
