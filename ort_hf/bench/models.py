@@ -12,7 +12,8 @@ from transformers.utils import ModelOutput
 from .sources import is_causal_lm, model_dir
 from .spec import BenchSettings, Workload
 
-IGNORE_INDEX = -100
+from ..module_with_loss.module_with_loss import IGNORE_INDEX
+
 
 
 def load_tokenizer(settings: BenchSettings):

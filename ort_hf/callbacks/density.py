@@ -10,10 +10,11 @@ import torch
 
 from .observer import BatchObserver, all_reduce_sum
 
+from ..engine.options import SPARSITY_THRESHOLD
+from ..module_with_loss.module_with_loss import IGNORE_INDEX
+
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-SPARSITY_THRESHOLD = 0.9  # below this ORT's sparsity optimisations engage
 TABLE_HEADER = ("STEP", "INPUT TYPE", "INPUT NAME", "PAD IDX", "DENSITY", "VALID TOKENS", "TOTAL TOKENS",
                 "VALID TOKENS/BATCH")
 

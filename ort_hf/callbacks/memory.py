@@ -88,8 +88,9 @@ class MemoryObserverCallback(BatchObserver):
 
     The first ``skip_steps`` steps (ORT export and session creation, warm-up) are left out of
     the per-step figures and reported once as ``ort/export_peak_mb`` and ``ort/first_step_s``.
-    Note: on CPU this resets the process's VmHWM at every phase; read ``memory/run_peak_mb``
-    for the whole run's peak.
+    Note: on CPU this resets the process's VmHWM at every phase; ``memory/run_peak_mb`` is the
+    peak of the whole process up to that log: loading, every step, evaluation and checkpoint
+    writes included (the high-water mark is read before each reset).
     """
 
     def __init__(self, skip_steps: int = 1):
@@ -105,8 +106,14 @@ class MemoryObserverCallback(BatchObserver):
         self._recompute = 0.0
         self.last_step_peak_mb = 0.0
 
+    def _fold_run_peak(self) -> None:
+        """The high-water mark since the last reset into the run's peak (reading does not reset)."""
+        if self.memory is not None:
+            self._run_peak = max(self._run_peak, self.memory.peak_mb())
+
     def on_train_begin(self, args, state, control, **kwargs):
         self.memory = ProcessMemory()
+        self._fold_run_peak()  # loading the model and data, before the first reset
         level = getattr(args, "ort_memory_opt_level", 0)
         plans = getattr(args, "ort_memory_opt_plans", None)
         self._recompute = float(getattr(args, "use_ort", False) and bool(level or plans))
@@ -124,6 +131,7 @@ class MemoryObserverCallback(BatchObserver):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.memory is None:
             return
+        self._fold_run_peak()  # what ran since the last step: evaluation, checkpoint writes, loading
         self.memory.reset_peak()
         self._step = StepMemory(start_mb=self.memory.current_mb())
         self._phase = "forward"
@@ -165,6 +173,7 @@ class MemoryObserverCallback(BatchObserver):
         out["memory/rss_mb" if not self.memory.cuda else "memory/allocated_mb"] = round(self.memory.current_mb(), 1)
         if self.memory.cuda:
             out["memory/reserved_mb"] = round(self.memory.reserved_mb(), 1)
+        self._fold_run_peak()
         out["memory/run_peak_mb"] = round(self._run_peak, 1)
         out["memory/recompute"] = self._recompute
         self._window = []

@@ -31,6 +31,7 @@ class ExportRecord:
     intra_op_threads: int | None = None  # None: ORT's default pool size
     intra_op_spinning: bool = True
     torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
+    export_cache_shared: bool = False  # ORTOptions.export_cache_shared
     export_count: int = 0
     export_seconds: float = 0.0
 
@@ -119,6 +120,27 @@ def _bridge_exporter_default() -> None:
 
     export._ort_hf_bridge = True
     torch.onnx.export = export
+
+
+@contextlib.contextmanager
+def without_unused_deepspeed():
+    """Import ORTModule without importing DeepSpeed when nothing else did.
+
+    ORTModule 1.19.2's ``__init__`` imports DeepSpeed, when installed, only to wrap
+    ``deepspeed.checkpointing.checkpoint`` for export, and its ZeRO-3 offload hooks
+    (``training.utils.hooks``, imported at the first export) import it too; that costs every ORT
+    run a DeepSpeed import and its "Setting accelerator to CPU" banner. A process that uses DeepSpeed has imported it
+    before (transformers does for ``--deepspeed``) and gets ORT's wrapper as before; ORTTrainer
+    replaces activation checkpointing by ORT's recompute in any case. Can go with ORTModule."""
+    if "deepspeed" in sys.modules:
+        yield
+        return
+    sys.modules["deepspeed"] = None  # `import deepspeed` raises ImportError, which ORT suppresses
+    try:
+        yield
+    finally:
+        if sys.modules.get("deepspeed", 0) is None:
+            del sys.modules["deepspeed"]
 
 
 def apply_torch_bridges() -> None:

@@ -16,6 +16,8 @@ it whenever that file exists. As shipped that is unsafe in four ways, each handl
    never cached (an ``uncacheable`` marker records it).
 4. A read-only, misplaced or full cache folder is not fatal: the export runs uncached with
    one warning naming the folder.
+5. A cache folder others can write, or a graph that is not the one exported, is never loaded
+   (``trust``): the folder is replaced by a private one, the graph re-exported.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -116,12 +119,19 @@ def cached_export(original, **kwargs):
     module = kwargs["flattened_module"]
     settings = {k: kwargs.get(k) for k in ("onnx_opset_version", "enable_custom_autograd_function",
                                            "enable_zero_stage3_support")}
+    from . import trust
+    from .compat import ACTIVE_EXPORT_RECORD
+
+    record = ACTIVE_EXPORT_RECORD.get()
+    shared = Path(os.path.abspath(root)) if record is not None and record.export_cache_shared else None
+    root = trust.trusted_dir(Path(root), "ORT's export cache", "--ort_export_cache_dir (or --ort_export_cache_shared "
+                             "for a cache shared with a group on purpose)", shared_below=shared)
     try:
         import filelock
 
         entry = Path(root) / entry_key(module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"],
                                        settings)
-        entry.mkdir(parents=True, exist_ok=True)
+        entry.mkdir(mode=0o770 if shared else 0o700, exist_ok=True)
         lock = filelock.FileLock(str(entry / ".lock"))
         lock.acquire()
     except OSError as exc:
@@ -135,6 +145,8 @@ def cached_export(original, **kwargs):
 
 
 def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
+    from . import trust
+
     if (entry / _UNCACHEABLE).exists():
         return original(**uncached)
     graph = entry / _ort_file_name(kwargs["flattened_module"])
@@ -142,6 +154,11 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
     if graph.exists() and not complete.exists():
         logger.warning("ort_hf: removing %s, an export cache entry whose write never finished.", graph)
         graph.unlink()
+    if graph.exists() and not trust.verified(graph):
+        logger.warning("ort_hf: %s does not match the hash recorded when it was exported; not loading it, "
+                       "exporting again.", graph)
+        trust.forget(graph)
+        complete.unlink(missing_ok=True)
     hit = graph.exists()
     try:
         result = original(**{**kwargs, "ortmodule_cache_dir": str(entry)})
@@ -159,6 +176,7 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
                 graph.unlink(missing_ok=True)  # its functions are only registered by a real export
                 (entry / _UNCACHEABLE).touch()
             else:
+                trust.record(graph)
                 complete.touch()
         except OSError as exc:
             graph.unlink(missing_ok=True)

@@ -73,8 +73,11 @@ def _writable_dir(preferred: Path) -> Path:
         probe_writable(preferred)
         return preferred
     except OSError as exc:
-        fallback = Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name
-        fallback.mkdir(parents=True, exist_ok=True)
+        from . import trust
+
+        # A predictable /tmp path: used only while nobody else owns or can write it.
+        fallback = trust.trusted_dir(Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name,
+                                     "ORT's compiled extensions", f"${CACHE_ENV}")
         warnings.warn(
             f"ort_hf: cache dir {preferred} is not writable ({exc.strerror}); building ORT "
             f"extensions in {fallback} instead. Set {CACHE_ENV} to a writable directory to keep them.",
@@ -83,8 +86,19 @@ def _writable_dir(preferred: Path) -> Path:
         return fallback
 
 
+_chosen_dirs: dict[Path, Path] = {}
+
+
 def extension_dir() -> Path:
-    return _writable_dir(cache_root() / "extensions" / _build_key())
+    """The folder extensions are built into and loaded from: the cache's, when it is private to
+    this user (``trust``) and writable; otherwise one private folder for this process."""
+    wanted = cache_root() / "extensions" / _build_key()
+    if wanted not in _chosen_dirs:
+        from . import trust
+
+        trusted = trust.trusted_dir(wanted, "ORT's compiled extensions", f"${CACHE_ENV}")
+        _chosen_dirs[wanted] = _writable_dir(trusted)
+    return _chosen_dirs[wanted]
 
 
 def _ort_sources(name: str) -> Path:
@@ -152,6 +166,8 @@ def build_extension(name: str, verbose: bool = False):
     import filelock
     from torch.utils import cpp_extension
 
+    from . import trust
+
     base = extension_dir()
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +178,11 @@ def build_extension(name: str, verbose: bool = False):
         build_dir = workdir / f"build-{_digest(sources, archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
-            return _load_so(name, built)
+            if trust.verified(built):
+                return _load_so(name, built)
+            logger.warning("ort_hf: %s does not match the hash recorded when it was built (or none was); not "
+                           "loading it, rebuilding.", built)
+            shutil.rmtree(build_dir)
         _check_toolchain()
         build_dir.mkdir(exist_ok=True)
         # torch's own build baton: a build killed mid-way leaves it, and every later build then
@@ -193,6 +213,7 @@ def build_extension(name: str, verbose: bool = False):
             ) from exc
         if not built.exists():
             raise ExtensionBuildError(f"Building {name} produced no shared library at {built}.")
+        trust.record(built)
         return _load_so(name, built)
 
 

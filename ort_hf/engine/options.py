@@ -18,6 +18,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+# ORT 1.19.2 engages label sparsity (and embedding sparsity) only below this share of used
+# positions (runtime_inspector's density check, first batch).
+SPARSITY_THRESHOLD = 0.9
+
 LOG_LEVELS = ("VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL")
 FALLBACK_POLICIES = ("auto", "disable")
 MIN_OPSET, MAX_OPSET = 14, 20  # ORT 1.19 gradient builders and torch's TorchScript exporter overlap
@@ -52,6 +56,8 @@ class ORTOptions:
             2 layer-wise plus compromised plans.
         memory_opt_plans: explicit recompute plans as ORT prints them, ``cluster:strategy:count``.
         export_cache_dir: cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR).
+        export_cache_shared: the export cache is shared with a group on purpose: group ownership
+            and group write are accepted below its root (``trust``); hashes are still checked.
         deepcopy_before_export: export from a copy so the first step does not touch weights.
         enable_custom_autograd: run ``torch.autograd.Function`` as ORT PythonOp (needed for
             label sparsity detection and memory-efficient gradients).
@@ -95,6 +101,7 @@ class ORTOptions:
     memory_opt_level: int = 0
     memory_opt_plans: tuple[str, ...] = field(default_factory=tuple)
     export_cache_dir: str | None = None
+    export_cache_shared: bool = False
     deepcopy_before_export: bool = True
     enable_custom_autograd: bool = True
     mem_efficient_grad_mgmt: bool = False
@@ -121,6 +128,7 @@ class ORTOptions:
             "use_triton",
             "use_efficient_attention",
             "eval_in_ort",
+            "export_cache_shared",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ORTOptions.{name} must be True or False, got {getattr(self, name)!r}.")

@@ -52,26 +52,11 @@ def ensure_engine() -> EngineState:
     with _lock:
         if _state is not None:
             return _state
-        if not is_ort_training_available():
-            raise EngineUnavailableError(INSTALL_HINT)
         from . import compat, extensions
 
-        from .options import scoped_environ
-
-        compat.apply_torch_bridges()
-        from .cuda import load_cuda_libraries
-
-        load_cuda_libraries()  # ORT's CUDA build: its CUDA 11 libraries, before ORT opens the provider
-        try:
-            # ORT enables custom autograd support while importing, which imports the
-            # torch_interop_utils extension that is not built yet; it is enabled per model in
-            # wrap_model once the extensions are loaded.
-            with scoped_environ({"ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0"}):
-                import onnxruntime.training.ortmodule as ortmodule
-        except ImportError as exc:
-            raise EngineUnavailableError(
-                f"onnxruntime.training.ortmodule failed to import ({exc}). {INSTALL_HINT}"
-            ) from exc
+        # `import onnxruntime` already imports ORTModule (its build validation does): from here on.
+        with compat.without_unused_deepspeed():
+            ortmodule = _import_ortmodule(compat)
         compat.apply_ort_bridges()
         statuses = extensions.load_all()
         if not statuses["aten_op_executor"].loaded:
@@ -93,6 +78,27 @@ def ensure_engine() -> EngineState:
             ortmodule._FALLBACK_INIT_EXCEPTION = None
         _state = EngineState(ortmodule=ortmodule, extensions=statuses, pythonop_available=pythonop)
         return _state
+
+
+def _import_ortmodule(compat):
+    if not is_ort_training_available():
+        raise EngineUnavailableError(INSTALL_HINT)
+    from .options import scoped_environ
+
+    compat.apply_torch_bridges()
+    from .cuda import load_cuda_libraries
+
+    load_cuda_libraries()  # ORT's CUDA build: its CUDA 11 libraries, before ORT opens the provider
+    try:
+        # ORT enables custom autograd support while importing, which imports the
+        # torch_interop_utils extension that is not built yet; it is enabled per model in
+        # wrap_model once the extensions are loaded.
+        with scoped_environ({"ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0"}):
+            import onnxruntime.training.ortmodule as ortmodule
+            import onnxruntime.training.utils.hooks  # noqa: F401 - imported at first export otherwise (DeepSpeed)
+    except ImportError as exc:
+        raise EngineUnavailableError(f"onnxruntime.training.ortmodule failed to import ({exc}). {INSTALL_HINT}") from exc
+    return ortmodule
 
 
 def register_symbolics(state: EngineState, opset_version: int) -> None:

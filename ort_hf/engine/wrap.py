@@ -130,7 +130,8 @@ class ORTTrainingModule(nn.Module):
             "_record",
             compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
                                 intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning,
-                                torch_threads=torch_threads or None),
+                                torch_threads=torch_threads or None,
+                                export_cache_shared=options.export_cache_shared),
         )
         object.__setattr__(self, "_fallback_reason", None)
         object.__setattr__(self, "_ran", False)

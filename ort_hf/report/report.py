@@ -13,6 +13,8 @@ from pathlib import Path
 
 from .summary import format_value
 
+# Charts of amounts (memory, throughput) start at zero; loss and density keep matplotlib's range.
+ZERO_BASED = ("throughput.png", "memory.png")
 CHARTS = {
     "loss.png": ("Training loss", [("loss", "loss")]),
     "throughput.png": (
@@ -126,6 +128,8 @@ def render_report(run_dirs: list[str | Path], out_dir: str | Path | None = None)
                 if values:
                     ax.plot(steps, values, marker="." if len(values) < 50 else None, label=run.name)
             ax.set_title(label)
+            if filename in ZERO_BASED:
+                ax.set_ylim(bottom=0)  # a 2% difference must not look like a 2x one
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
             ax.legend()

@@ -21,6 +21,7 @@ from transformers.training_args import ParallelMode
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import ORTOptions, wrap_model
 from ..engine.export import INFERENCE_OPSET
+from ..engine.options import SPARSITY_THRESHOLD
 from ..engine.optim import fused_adamw_cls_and_kwargs
 from ..module_with_loss import CROSS_ENTROPY, LossInPyTorch, ModuleWithLoss, choose_loss
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
@@ -33,7 +34,6 @@ from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
 logger = logging.getLogger(__name__)
 
 # ORT 1.19.2 fires label sparsity when fewer than this share of labels are used.
-LABEL_SPARSITY_THRESHOLD = 0.9
 
 
 def _as_ort_args(args: TrainingArguments | None, cls: type) -> ORTTrainingArguments:
@@ -270,7 +270,7 @@ class ORTTrainerMixin:
         """Which loss the graph computes (``loss_choice``), and for ModuleWithLoss's cross-entropy,
         inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits.
 
-        ORT 1.19.2's label sparsity fires below ``LABEL_SPARSITY_THRESHOLD``. Above it there is
+        ORT 1.19.2's label sparsity fires below ``SPARSITY_THRESHOLD``. Above it there is
         nothing to drop, and ORT's CPU cross-entropy kernel over every position is slower than
         PyTorch's (docs/benchmarks.md, causal LM)."""
         module, mode = self._loss_module, self.args.ort_loss_in_graph
@@ -287,7 +287,7 @@ class ORTTrainerMixin:
             module.loss_in_graph = True  # sequence-level labels or a user's loss: nothing to gain outside
         else:
             density = module.label_density(labels)
-            module.loss_in_graph = self.args.ort_enable_label_sparsity and density < LABEL_SPARSITY_THRESHOLD
+            module.loss_in_graph = self.args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
             if not module.loss_in_graph:
                 logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first "
                             "batch) leaves label sparsity nothing to drop (--ort_loss_in_graph always to override).",
@@ -332,14 +332,15 @@ class ORTTrainerMixin:
                 "that are not ignored (first batch).",
                 100 * density,
             )
-        elif density < LABEL_SPARSITY_THRESHOLD:
+        elif density < SPARSITY_THRESHOLD:
             logger.warning(
                 "ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
                 100 * density,
                 why_no_label_sparsity(self.args, status),
             )
         else:
-            logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below 90%%).", 100 * density)
+            logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below %d%%).", 100 * density,
+                        100 * SPARSITY_THRESHOLD)
 
     # --- data ------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):

@@ -112,6 +112,10 @@ class ORTTrainingArguments(TrainingArguments):
     ort_export_cache_dir: str | None = field(
         default=None, metadata={"help": "Cache exported ONNX graphs here between runs."}
     )
+    ort_export_cache_shared: bool = field(
+        default=False, metadata={"help": "The export cache is shared with a group on purpose: accept group ownership "
+                                         "and group write below it (every graph is still checked against its hash)."}
+    )
     ort_deepcopy_before_export: bool = field(
         default=True, metadata={"help": "Export from a copy of the model so export never touches the weights."}
     )
