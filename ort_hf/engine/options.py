@@ -32,87 +32,79 @@ MEMORY_OPT_LEVELS = (0, 1, 2)
 _PLAN_RE = re.compile(r"^[^:\s,]+:[12]:-?\d+(,[^:\s,]+:[12]:-?\d+)*$")
 
 
+def _opt(default=None, help: str = "", factory=None):
+    """An option: its default and its help, declared once (``ORTTrainingArguments`` reads both)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ORTOptions:
-    """Typed options for one model trained through ORTModule.
-
-    Args:
-        log_level: ORTModule's log level (``VERBOSE`` .. ``FATAL``). ``WARNING`` prints ORT's
-            one-time feature banner; ``ERROR`` keeps it quiet.
-        fallback: ``"auto"`` lets ORT fall back to PyTorch when it cannot export or run the
-            model (ort_hf logs the reason once); ``"disable"`` raises instead.
-        opset_version: ONNX opset of ORT's training export (14-20). 16 by default: from 17 on,
-            ``LayerNormalization`` is the standard ONNX op, which ORT 1.19's compute optimizer
-            does not move the labels' gather or the token flattening through, so label
-            sparsity stops at the first LayerNorm above the loss; at 16 it is ORT's own op and
-            the gather reaches into the last layer (see ``symbolics``, ``aten::gelu``).
-        save_onnx: write the exported/optimised ONNX graphs to ``onnx_dir``.
-        onnx_dir: folder for ``save_onnx`` (defaults to the current directory).
-        enable_compute_optimizer: ORT's FLOP-reduction graph passes.
-        enable_label_sparsity: shrink the loss computation to non-ignored labels (needs the
-            loss through an ``nn.CrossEntropyLoss`` module, see ModuleWithLoss).
-        enable_embedding_sparsity: padding elimination from embedding inputs (CUDA only in ORT).
-        memory_opt_level: 0 off (or ``memory_opt_plans``), 1 transformer layer-wise recompute,
-            2 layer-wise plus compromised plans.
-        memory_opt_plans: explicit recompute plans as ORT prints them, ``cluster:strategy:count``.
-        export_cache_dir: cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR).
-        export_cache_shared: the export cache is shared with a group on purpose: group ownership
-            and group write are accepted below its root (``trust``); hashes are still checked.
-        deepcopy_before_export: export from a copy so the first step does not touch weights.
-        enable_custom_autograd: run ``torch.autograd.Function`` as ORT PythonOp (needed for
-            label sparsity detection and memory-efficient gradients).
-        mem_efficient_grad_mgmt: hand gradients to PyTorch as soon as ORT computes them.
-        use_triton: CUDA only: let ORT run some ops through Triton.
-        use_efficient_attention: CUDA only: ORT's graph optimiser that replaces the attention
-            subgraph by PyTorch's memory-efficient attention kernels. ORT registers it process-wide
-            (it reads ``ORTMODULE_USE_EFFICIENT_ATTENTION`` once, at import): once a model asked
-            for it, every later CUDA model in the process gets it.
-        eval_in_ort: run evaluation/prediction through ORT's inference mode instead of PyTorch.
-        enable_mem_reuse: let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes it
-            off). ``None`` = on whenever the memory optimizer is on, where it decides whether
-            recompute lowers the peak at all.
-        trim_padding: drop trailing all-padding columns of each training batch before ORT runs
-            it (results unchanged: those positions are masked out and carry no label). ``None``
-            = on for CPU models, off on CUDA, where ORT's own padding elimination applies.
-        intra_op_threads: threads of ORT's intra-op pool. ``None`` = ORT's default (one per
-            physical core), whatever ``torch.set_num_threads`` says; set it to give ORT the
-            same threads as PyTorch.
-        intra_op_spinning: let the idle threads of ORT's pool spin between kernels. Spinning
-            threads hold the cores that the kernels ORT hands to PyTorch (the ATen ops:
-            embeddings and their gradients) need, so each such kernel waits for the scheduler
-            (2-3 ms per call on 2 cores). ``None`` = off for CPU models, ORT's default (on) on CUDA.
-        torch_threads_in_graph: PyTorch's intra-op threads while ORT runs the training graph.
-            ORT calls PyTorch for some nodes (the embeddings and their gradients as ATen nodes,
-            custom autograd functions as PythonOps). With more than one thread, each such call
-            wakes PyTorch's OpenMP workers, which then spin for milliseconds (libgomp's default
-            wait policy) on the cores ORT's own pool is using. ``None`` = 1 for CPU models,
-            unchanged on CUDA; ``0`` leaves ``torch.set_num_threads`` as it is (for graphs whose
-            PythonOps do heavy CPU work); ``n`` sets n. Restored after every ORT call.
+    """Typed options for one model trained through ORTModule; each field's ``help`` (its
+    metadata, also the ``--ort_<field>`` help of ``ORTTrainingArguments``) says what it does.
+    Invalid values are rejected when the options are built, with a message naming the field.
     """
 
-    log_level: str = "WARNING"
-    fallback: str = "auto"
-    opset_version: int = 16
-    save_onnx: bool = False
-    onnx_dir: str | None = None
-    enable_compute_optimizer: bool = True
-    enable_label_sparsity: bool = True
-    enable_embedding_sparsity: bool = True
-    memory_opt_level: int = 0
-    memory_opt_plans: tuple[str, ...] = field(default_factory=tuple)
-    export_cache_dir: str | None = None
-    export_cache_shared: bool = False
-    deepcopy_before_export: bool = True
-    enable_custom_autograd: bool = True
-    mem_efficient_grad_mgmt: bool = False
-    use_triton: bool = False
-    use_efficient_attention: bool = False
-    eval_in_ort: bool = False
-    trim_padding: bool | None = None
-    enable_mem_reuse: bool | None = None
-    intra_op_threads: int | None = None
-    intra_op_spinning: bool | None = None
-    torch_threads_in_graph: int | None = None
+    log_level: str = _opt("WARNING", "ORTModule's log level (VERBOSE .. FATAL). WARNING prints ORT's warnings, "
+                                     "including why it falls back.")
+    fallback: str = _opt("auto", "'auto': fall back to PyTorch (reason logged once) when ORT cannot export or run "
+                                 "the model; 'disable': raise ORTFallbackError naming the unsupported op.")
+    # From opset 17 ``LayerNormalization`` is the standard ONNX op, which ORT 1.19's compute
+    # optimizer does not move the labels' gather or the token flattening through; at 16 it is
+    # ORT's own op and the gather reaches into the last layer (symbolics, ``aten::gelu``).
+    opset_version: int = _opt(16, "ONNX opset of ORT's training export (14-20); 16 lets label sparsity reach into "
+                                  "the last layer.")
+    save_onnx: bool = _opt(False, "Write the exported and optimised ONNX graphs to --ort_onnx_dir.")
+    onnx_dir: str | None = _opt(None, "Folder for --ort_save_onnx (default: the current directory).")
+    enable_compute_optimizer: bool = _opt(True, "ORT's FLOP-reduction graph passes.")
+    enable_label_sparsity: bool = _opt(True, "Compute the loss only on non-ignored labels (needs the loss through "
+                                             "an nn.CrossEntropyLoss module: ModuleWithLoss).")
+    enable_embedding_sparsity: bool = _opt(True, "ORT's padding elimination from embedding inputs (CUDA only in "
+                                                 "ORT 1.19).")
+    memory_opt_level: int = _opt(0, "Recompute: 0 off (or --ort_memory_opt_plans), 1 transformer layer-wise, 2 "
+                                    "layer-wise plus compromised plans.")
+    memory_opt_plans: tuple[str, ...] = _opt(factory=tuple, help="Recompute plans as ORT prints them, "
+                                                                 "'cluster:strategy:count' (e.g. BiasGelu+:1:-1).")
+    export_cache_dir: str | None = _opt(None, "Cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR; "
+                                              "private to you, checked: see README, Security).")
+    export_cache_shared: bool = _opt(False, "The export cache is shared with a group on purpose: accept group "
+                                            "ownership and group write below it (every graph is still checked "
+                                            "against its hash).")
+    deepcopy_before_export: bool = _opt(True, "Export from a copy of the model so the export never touches the "
+                                              "weights.")
+    enable_custom_autograd: bool = _opt(True, "Run torch.autograd.Function as ORT PythonOp (needed by label "
+                                              "sparsity detection and memory-efficient gradients).")
+    mem_efficient_grad_mgmt: bool = _opt(False, "Hand each gradient to PyTorch as soon as ORT computes it.")
+    use_triton: bool = _opt(False, "CUDA only: let ORT run some ops through Triton.")
+    # ORT registers this optimiser process-wide and reads its variable only at import
+    # (wrap._enable_efficient_attention): once a model asked for it, later CUDA models get it too.
+    use_efficient_attention: bool = _opt(False, "CUDA only: replace the attention subgraph by PyTorch's "
+                                                "memory-efficient attention kernels (process-wide once enabled).")
+    eval_in_ort: bool = _opt(False, "Evaluate and predict through ORT's inference mode instead of PyTorch.")
+    trim_padding: bool | None = _opt(None, "Drop trailing all-padding columns of each training batch before ORT "
+                                           "(results unchanged: masked out, no labels). Default: on for CPU, off on "
+                                           "CUDA (ORT's padding elimination).")
+    enable_mem_reuse: bool | None = _opt(None, "Let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes "
+                                               "it off). Default: on when recompute is on, which is what makes "
+                                               "recompute lower the peak.")
+    intra_op_threads: int | None = _opt(None, "Threads of ORT's intra-op pool. Default: ORT's own (one per physical "
+                                              "core), independent of torch.set_num_threads / OMP_NUM_THREADS.")
+    # Spinning pool threads hold the cores that the kernels ORT hands to PyTorch (its ATen nodes:
+    # embeddings and their gradients) need; each such kernel then waits for the scheduler.
+    intra_op_spinning: bool | None = _opt(None, "Let ORT's idle pool threads spin between kernels. Default: off on "
+                                                "CPU, ORT's default (on) on CUDA.")
+    # ORT calls PyTorch for some nodes (ATen nodes, PythonOps). With more than one thread each
+    # such call wakes PyTorch's OpenMP workers, which spin for milliseconds (libgomp's default
+    # wait policy) on the cores ORT's own pool is using. Restored after every ORT call.
+    torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
+                                                    "Default: 1 on CPU, unchanged on CUDA; 0 leaves "
+                                                    "torch.set_num_threads as it is (custom autograd functions with "
+                                                    "heavy CPU work); n sets n.")
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return cls.__dataclass_fields__[name].metadata["help"]
 
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)

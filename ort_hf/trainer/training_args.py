@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 from transformers import TrainingArguments
 
@@ -14,6 +14,14 @@ logger = logging.getLogger(__name__)
 
 ADAMW_ORT_FUSED = "adamw_ort_fused"
 LOSS_PLACEMENTS = ("auto", "always", "never")
+
+
+def _ort(name: str):
+    """The ``--ort_<name>`` field: ``ORTOptions.<name>``'s default and help (a list for a tuple)."""
+    option = ORTOptions.__dataclass_fields__[name]
+    if option.default_factory is not MISSING:
+        return field(default_factory=list, metadata=dict(option.metadata))
+    return field(default=option.default, metadata=dict(option.metadata))
 
 
 @dataclass
@@ -77,95 +85,36 @@ class ORTTrainingArguments(TrainingArguments):
     ort_memory_budget_mb: float | None = field(
         default=None,
         metadata={
-            "help": "Peak memory budget per step (MB: RSS on CPU, allocated on CUDA). ORTTrainer measures the "
-            "first steps and moves to recompute level 1, then 2, until the peak fits (at most two re-exports)."
+            "help": "Peak memory budget per step (MB: RSS on CPU, allocated on CUDA). ORTTrainer trains the first "
+            "steps on the heaviest recompute (level 2), then re-exports once to the lightest configuration "
+            "estimated to fit, going back if its measured peak does not fit (at most two re-exports)."
         },
     )
 
-    # --- ORTOptions, one flag each (ort_<field>) ---
-    ort_log_level: str = field(default="WARNING", metadata={"help": "ORTModule log level: VERBOSE .. FATAL."})
-    ort_fallback: str = field(
-        default="auto",
-        metadata={"help": "'auto': fall back to PyTorch (reason logged) when ORT cannot run; 'disable': raise."},
-    )
-    ort_opset_version: int = field(
-        default=16,
-        metadata={"help": "ONNX opset of ORT's training export (14-20); 16 lets label sparsity reach into the last "
-                          "layer (ORT 1.19 does not move it through opset-17 LayerNormalization)."},
-    )
-    ort_save_onnx: bool = field(default=False, metadata={"help": "Write the exported ONNX graphs."})
-    ort_onnx_dir: str | None = field(default=None, metadata={"help": "Folder for --ort_save_onnx graphs."})
-    ort_enable_compute_optimizer: bool = field(default=True, metadata={"help": "ORT's FLOP-reduction graph passes."})
-    ort_enable_label_sparsity: bool = field(
-        default=True, metadata={"help": "Compute the loss only on non-ignored labels (with ModuleWithLoss)."}
-    )
-    ort_enable_embedding_sparsity: bool = field(
-        default=True, metadata={"help": "ORT's padding elimination from embedding inputs (CUDA only in ORT 1.19)."}
-    )
-    ort_memory_opt_level: int = field(
-        default=0, metadata={"help": "Recompute: 0 off, 1 transformer layer-wise, 2 layer-wise plus compromised plans."}
-    )
-    ort_memory_opt_plans: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Recompute plans as ORT prints them, 'cluster:strategy:count' (e.g. BiasGelu+:1:-1)."},
-    )
-    ort_export_cache_dir: str | None = field(
-        default=None, metadata={"help": "Cache exported ONNX graphs here between runs."}
-    )
-    ort_export_cache_shared: bool = field(
-        default=False, metadata={"help": "The export cache is shared with a group on purpose: accept group ownership "
-                                         "and group write below it (every graph is still checked against its hash)."}
-    )
-    ort_deepcopy_before_export: bool = field(
-        default=True, metadata={"help": "Export from a copy of the model so export never touches the weights."}
-    )
-    ort_enable_custom_autograd: bool = field(
-        default=True, metadata={"help": "Run torch.autograd.Function as ORT PythonOp (needed by label sparsity)."}
-    )
-    ort_mem_efficient_grad_mgmt: bool = field(
-        default=False, metadata={"help": "Hand each gradient to PyTorch as soon as ORT computes it."}
-    )
-    ort_use_triton: bool = field(default=False, metadata={"help": "CUDA only: run some ops through Triton."})
-    ort_use_efficient_attention: bool = field(default=False, metadata={"help": "CUDA only: ORT's fused attention."})
-    ort_trim_padding: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Drop trailing all-padding columns of each training batch before ORT (results unchanged). "
-            "Default: on for CPU, off on CUDA (ORT's padding elimination)."
-        },
-    )
-    ort_enable_mem_reuse: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Let ORT's session reuse activation buffers (ORT 1.19.2 keeps it off). Default: on when "
-            "recompute (--ort_memory_opt_level / plans) is on, which is what makes recompute lower the peak."
-        },
-    )
-    ort_eval_in_ort: bool = field(
-        default=False, metadata={"help": "Evaluate/predict through ORT's inference mode instead of PyTorch."}
-    )
-    ort_intra_op_threads: int | None = field(
-        default=None,
-        metadata={
-            "help": "Threads of ORT's intra-op pool. Default: ORT's own (one per physical core), independent of "
-            "torch.set_num_threads / OMP_NUM_THREADS."
-        },
-    )
-    ort_intra_op_spinning: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Let ORT's idle pool threads spin between kernels. Spinning holds the cores the PyTorch kernels "
-            "ORT calls (embeddings) need. Default: off on CPU, ORT's default (on) on CUDA."
-        },
-    )
-    ort_torch_threads_in_graph: int | None = field(
-        default=None,
-        metadata={
-            "help": "PyTorch's intra-op threads while ORT runs the graph (its ATen nodes and PythonOps). Default: 1 on "
-            "CPU, so PyTorch's OpenMP workers do not spin on the cores ORT's pool uses; 0 leaves "
-            "torch.set_num_threads as it is (custom autograd functions with heavy CPU work); n sets n."
-        },
-    )
+    # --- ORTOptions, one flag each (ort_<field>): default and help are ORTOptions' ---
+    ort_log_level: str = _ort("log_level")
+    ort_fallback: str = _ort("fallback")
+    ort_opset_version: int = _ort("opset_version")
+    ort_save_onnx: bool = _ort("save_onnx")
+    ort_onnx_dir: str | None = _ort("onnx_dir")
+    ort_enable_compute_optimizer: bool = _ort("enable_compute_optimizer")
+    ort_enable_label_sparsity: bool = _ort("enable_label_sparsity")
+    ort_enable_embedding_sparsity: bool = _ort("enable_embedding_sparsity")
+    ort_memory_opt_level: int = _ort("memory_opt_level")
+    ort_memory_opt_plans: list[str] = _ort("memory_opt_plans")
+    ort_export_cache_dir: str | None = _ort("export_cache_dir")
+    ort_export_cache_shared: bool = _ort("export_cache_shared")
+    ort_deepcopy_before_export: bool = _ort("deepcopy_before_export")
+    ort_enable_custom_autograd: bool = _ort("enable_custom_autograd")
+    ort_mem_efficient_grad_mgmt: bool = _ort("mem_efficient_grad_mgmt")
+    ort_use_triton: bool = _ort("use_triton")
+    ort_use_efficient_attention: bool = _ort("use_efficient_attention")
+    ort_trim_padding: bool | None = _ort("trim_padding")
+    ort_enable_mem_reuse: bool | None = _ort("enable_mem_reuse")
+    ort_eval_in_ort: bool = _ort("eval_in_ort")
+    ort_intra_op_threads: int | None = _ort("intra_op_threads")
+    ort_intra_op_spinning: bool | None = _ort("intra_op_spinning")
+    ort_torch_threads_in_graph: int | None = _ort("torch_threads_in_graph")
 
     def _refuse_what_ort_cannot_run(self) -> None:
         if not self.use_ort:

@@ -142,3 +142,18 @@ def test_mixed_precision_on_cpu_is_refused_with_what_to_do(flag):
 def test_torch_compile_with_ort_is_refused():
     with pytest.raises(ValueError, match="--torch_compile with ORT.*--use_ort false"):
         ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], torch_compile=True)
+
+
+def test_every_ort_option_is_declared_once():
+    """--ort_<field> takes ORTOptions.<field>'s default and help: no second declaration to drift."""
+    from dataclasses import MISSING, fields
+
+    args = {f.name: f for f in fields(ORTTrainingArguments)}
+    for option in fields(ORTOptions):
+        arg = args[f"ort_{option.name}"]
+        assert arg.metadata["help"] == option.metadata["help"] and option.metadata["help"], option.name
+        if option.default_factory is not MISSING:
+            assert list(option.default_factory()) == arg.default_factory(), option.name
+        else:
+            assert arg.default == option.default, option.name
+    assert ORTTrainingArguments(output_dir="/tmp/x", report_to=[]).ort_options() == ORTOptions()
