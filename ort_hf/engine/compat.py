@@ -57,6 +57,17 @@ def _alias_module(public_name: str, real_name: str) -> None:
         setattr(parent, attr, module)
 
 
+def _patch(owner, name: str, make_wrapper, static: bool = False) -> None:
+    """Replace ``owner.name`` by ``make_wrapper(original)`` once (a second call is a no-op): the
+    wrapper keeps the original's name and signature (``functools.wraps``; ORT inspects some)."""
+    original = getattr(owner, name)
+    if getattr(original, "_ort_hf_bridge", False):
+        return
+    wrapper = functools.wraps(original)(make_wrapper(original))
+    wrapper._ort_hf_bridge = True
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
+
+
 def _bridge_torch_onnx_modules() -> None:
     # torch 2.9 moved the TorchScript exporter to torch.onnx._internal.torchscript_exporter
     # (pytorch#148252 and follow-ups); ORT 1.19.2 imports the old paths
@@ -98,11 +109,10 @@ def _bridge_exporter_default() -> None:
     # Can go when ORTModule passes dynamo=False itself (never, upstream is frozen).
     import torch.onnx
 
-    original = torch.onnx.export
-    if getattr(original, "_ort_hf_bridge", False):
-        return
+    _patch(torch.onnx, "export", _export_with_dynamo_off)
 
-    @functools.wraps(original)
+
+def _export_with_dynamo_off(original):
     def export(*args, **kwargs):
         ortmodule = sys.modules.get("onnxruntime.training.ortmodule")
         in_ort_export = ortmodule is not None and ortmodule.ORTMODULE_ONNX_EXPORT_CONTEXT[0]
@@ -118,8 +128,7 @@ def _bridge_exporter_default() -> None:
                 record.export_count += 1
                 record.export_seconds += time.perf_counter() - start
 
-    export._ort_hf_bridge = True
-    torch.onnx.export = export
+    return export
 
 
 @contextlib.contextmanager
@@ -193,17 +202,15 @@ def _bridge_sparsity_switches() -> None:
     # model's own label switch and always returns a list. Can go with ORTModule.
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
-    original = GTM._add_check_label_sparsity_hook
-    if getattr(original, "_ort_hf_bridge", False):
-        return
+    def wrap(original):
+        def add_label_hook(enable_flag_from_ort, logger, runtime_inspector, flattened_module):
+            record = ACTIVE_EXPORT_RECORD.get()
+            enabled = record.enable_label_sparsity if record is not None else enable_flag_from_ort
+            return original(enabled, logger, runtime_inspector, flattened_module) or []
 
-    def add_label_hook(enable_flag_from_ort, logger, runtime_inspector, flattened_module):
-        record = ACTIVE_EXPORT_RECORD.get()
-        enabled = record.enable_label_sparsity if record is not None else enable_flag_from_ort
-        return original(enabled, logger, runtime_inspector, flattened_module) or []
+        return add_label_hook
 
-    add_label_hook._ort_hf_bridge = True
-    GTM._add_check_label_sparsity_hook = staticmethod(add_label_hook)
+    _patch(GTM, "_add_check_label_sparsity_hook", wrap, static=True)
 
 
 def _bridge_session_options() -> None:
@@ -211,16 +218,14 @@ def _bridge_session_options() -> None:
     # whether its idle threads spin (ORTOptions.intra_op_threads / intra_op_spinning).
     # Memory reuse: ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
     # GraphExecutionManager._get_session_config, so backward holds every activation and the
-    # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES: level 1 peaked at
-    # 1,646 MB without reuse, 1,138 MB with it, losses equal). The active model's
+    # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES measured it). The active model's
     # enable_mem_reuse decides instead. Can go with ORTModule.
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager as GEM
 
-    original = GEM._get_session_config
-    if getattr(original, "_ort_hf_bridge", False):
-        return
+    _patch(GEM, "_get_session_config", _session_config_per_model)
 
-    @functools.wraps(original)
+
+def _session_config_per_model(original):
     def get_session_config(self):
         session_options, providers, provider_options = original(self)
         if "CUDAExecutionProvider" in providers:
@@ -239,8 +244,7 @@ def _bridge_session_options() -> None:
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return session_options, providers, provider_options
 
-    get_session_config._ort_hf_bridge = True
-    GEM._get_session_config = get_session_config
+    return get_session_config
 
 
 # Attribute of ORT's TrainingAgent: PyTorch's thread count while it runs (see below).
@@ -258,18 +262,15 @@ def _bridge_torch_threads_in_graph() -> None:
     from onnxruntime.training.ortmodule._execution_agent import TrainingAgent
     from onnxruntime.training.ortmodule._training_manager import TrainingManager
 
-    create = TrainingManager._create_execution_agent
-    if getattr(create, "_ort_hf_bridge", False):
-        return
+    def stamp_agent(create):
+        def create_execution_agent(self):
+            create(self)
+            record = ACTIVE_EXPORT_RECORD.get()
+            setattr(self._execution_agent, AGENT_TORCH_THREADS, record.torch_threads if record is not None else None)
 
-    @functools.wraps(create)
-    def create_execution_agent(self):
-        create(self)
-        record = ACTIVE_EXPORT_RECORD.get()
-        setattr(self._execution_agent, AGENT_TORCH_THREADS, record.torch_threads if record is not None else None)
+        return create_execution_agent
 
     def with_torch_threads(run):
-        @functools.wraps(run)
         def wrapped(self, *args, **kwargs):
             wanted = getattr(self, AGENT_TORCH_THREADS, None)
             before = torch.get_num_threads()
@@ -283,10 +284,9 @@ def _bridge_torch_threads_in_graph() -> None:
 
         return wrapped
 
-    create_execution_agent._ort_hf_bridge = True
-    TrainingManager._create_execution_agent = create_execution_agent
-    TrainingAgent.run_forward = with_torch_threads(TrainingAgent.run_forward)
-    TrainingAgent.run_backward = with_torch_threads(TrainingAgent.run_backward)
+    _patch(TrainingManager, "_create_execution_agent", stamp_agent)
+    _patch(TrainingAgent, "run_forward", with_torch_threads)
+    _patch(TrainingAgent, "run_backward", with_torch_threads)
 
 
 def _bridge_mem_efficient_grad_device() -> None:
@@ -297,19 +297,16 @@ def _bridge_mem_efficient_grad_device() -> None:
     import torch
     from onnxruntime.training.ortmodule import _mem_efficient_grad_mgmt as mgmt
 
-    original = mgmt.post_processing_enable_mem_efficient_training
-    if getattr(original, "_ort_hf_bridge", False):
-        return
+    def wrap(original):
+        def post_processing(exported_model, named_params, device):
+            named_params = list(named_params)
+            if not isinstance(device, torch.device):
+                device = named_params[0][1].device if named_params else "cpu"
+            return original(exported_model, named_params, device)
 
-    @functools.wraps(original)
-    def post_processing(exported_model, named_params, device):
-        named_params = list(named_params)
-        if not isinstance(device, torch.device):
-            device = named_params[0][1].device if named_params else "cpu"
-        return original(exported_model, named_params, device)
+        return post_processing
 
-    post_processing._ort_hf_bridge = True
-    mgmt.post_processing_enable_mem_efficient_training = post_processing
+    _patch(mgmt, "post_processing_enable_mem_efficient_training", wrap)
 
 
 def _bridge_export_cache() -> None:
@@ -320,16 +317,8 @@ def _bridge_export_cache() -> None:
 
     from .export_cache import cached_export
 
-    original = GTM._get_exported_model
-    if getattr(original, "_ort_hf_bridge", False):
-        return
-
-    @functools.wraps(original)
-    def get_exported_model(**kwargs):
-        return cached_export(original, **kwargs)
-
-    get_exported_model._ort_hf_bridge = True
-    GTM._get_exported_model = staticmethod(get_exported_model)
+    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs),
+           static=True)
 
 
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
@@ -341,32 +330,29 @@ _ORT_DENSITY_HOOKS = ("_label_hook", "_embedding_hook")
 def _bridge_output_schema_pass() -> None:
     # Before tracing, ORT 1.19.2 runs the whole model once in PyTorch, on the whole first batch,
     # only to learn the structure of its outputs (count, dtypes, ranks; every dimension is
-    # exported dynamic). On MiniLM MLM (batch 16) that pass took 2.3-2.5 s of the first step,
-    # 0.65-0.83 s on two rows. It now runs on the first SCHEMA_PASS_ROWS rows when every
+    # exported dynamic), a full forward of the first step (docs/benchmarks.md measures it). It
+    # now runs on the first SCHEMA_PASS_ROWS rows when every
     # tensor input shares that leading dimension, with ORT's sparsity-check hooks held back:
     # their on/off decision and the densities ORT's banner prints come from the trace, which
     # still sees the whole batch. If the short pass fails, ORT's own full pass runs. Can go
     # with ORTModule.
     from onnxruntime.training.ortmodule import _io
 
-    original = _io.parse_outputs_for_onnx_export_and_extract_schema
-    if getattr(original, "_ort_hf_bridge", False):
-        return
+    def wrap(original):
+        def parse_outputs(module, flatten_args, logger, clone_module):
+            sample = first_rows(flatten_args, SCHEMA_PASS_ROWS)
+            if sample is not None:
+                try:
+                    with _without_density_hooks(module):
+                        return original(module, sample, logger, clone_module)
+                except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
+                    logger.info("ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole "
+                                "batch.", SCHEMA_PASS_ROWS, exc)
+            return original(module, flatten_args, logger, clone_module)
 
-    @functools.wraps(original)
-    def parse_outputs(module, flatten_args, logger, clone_module):
-        sample = first_rows(flatten_args, SCHEMA_PASS_ROWS)
-        if sample is not None:
-            try:
-                with _without_density_hooks(module):
-                    return original(module, sample, logger, clone_module)
-            except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
-                logger.info("ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole "
-                            "batch.", SCHEMA_PASS_ROWS, exc)
-        return original(module, flatten_args, logger, clone_module)
+        return parse_outputs
 
-    parse_outputs._ort_hf_bridge = True
-    _io.parse_outputs_for_onnx_export_and_extract_schema = parse_outputs
+    _patch(_io, "parse_outputs_for_onnx_export_and_extract_schema", wrap)
 
 
 def first_rows(inputs, rows: int):
