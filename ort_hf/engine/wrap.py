@@ -6,12 +6,10 @@ import contextlib
 import inspect
 import logging
 import os
-import re
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from . import compat
@@ -19,11 +17,13 @@ from .errors import ORTFallbackError
 from .._model_state import restore_buffers
 from .options import ORTOptions, environment_for, overridden_by_options, scoped_environ
 from .runtime import EngineState, ensure_engine, register_symbolics
+from .failures import describe_failure
+from .memory_plans import MemoryPlan, plan_key
+from .padding import trim_trailing_padding
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
 
 logger = logging.getLogger(__name__)
 
-_OP_RE = re.compile(r"(aten::\w+|prim::\w+|onnx::\w+)")
 
 
 @dataclass(frozen=True)
@@ -39,70 +39,6 @@ class EngineStatus:
     export_count: int
     export_seconds: float
     pythonop: bool
-
-
-_NO_GRADIENT_RE = re.compile(r"gradient builder has not been registered: (\w+) for node (\S+)")
-_ERROR_LINE_RE = re.compile(r"^\s*((?:\w+\.)*\w+(?:Error|Exception): .+)$", re.M)
-_CPP_CHECK_RE = re.compile(r"^/onnxruntime_src/\S+ .*? was false\. ", re.S)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """One recompute plan ORT's memory optimizer found in the training graph (first batch)."""
-
-    plan: str  # as ORT prints it and as memory_opt_plans takes it, "cluster:strategy:count"
-    frequency: int  # how many times the subgraph occurs
-    bytes_saved: float | None  # evaluated on the first batch's shapes
-    symbolic_saving: str  # saving as a formula of the symbolic dims
-    enabled: bool
-
-
-def _plan_key(plan: str) -> list[str]:
-    return [":".join(part.split(":")[:2]) for part in plan.split(",") if part]
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line naming what ORT could not handle, with the unsupported op when there is one."""
-    text = str(exc)
-    no_grad = _NO_GRADIENT_RE.search(text)
-    if no_grad:
-        return f"ORT has no gradient for ONNX op {no_grad.group(1)} (node {no_grad.group(2)})"
-    text = _CPP_CHECK_RE.sub("", text)  # drop ORT's C++ file and function signature
-    # ORT wraps the exporter's traceback into its message: the root cause is its last error line.
-    causes = _ERROR_LINE_RE.findall(text)
-    if causes:
-        text = causes[-1]
-    ops = [op for op in _OP_RE.findall(text) if op not in ("prim::PythonOp", "prim::Constant")]
-    head = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    if ops:
-        return f"unsupported op {ops[0]} ({type(exc).__name__}: {head[:300]})"
-    return f"{type(exc).__name__}: {head[:300]}"
-
-
-def trim_trailing_padding(inputs: dict) -> tuple[dict, int, int]:
-    """Drop the trailing sequence columns that are padding in every row.
-
-    Returns (inputs, kept length, original length). Nothing is dropped unless the batch has
-    a 2-D ``attention_mask`` whose trailing columns are all 0 and, when ``labels`` are
-    per-token, those label columns are all -100: the dropped positions are then masked out
-    of attention and of the loss, so the loss and gradients are unchanged.
-    """
-    mask = inputs.get("attention_mask")
-    if not torch.is_tensor(mask) or mask.dim() != 2:
-        return inputs, -1, -1
-    batch, length = mask.shape
-    used = torch.nonzero(mask.any(dim=0)).flatten()
-    keep = int(used[-1]) + 1 if used.numel() else length
-    labels = inputs.get("labels")
-    if torch.is_tensor(labels) and labels.shape[:2] == (batch, length) and (labels[:, keep:] != -100).any():
-        return inputs, length, length
-    if keep == length:
-        return inputs, length, length
-    trimmed = {
-        k: (v[:, :keep] if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == (batch, length) else v)
-        for k, v in inputs.items()
-    }
-    return trimmed, keep, length
 
 
 class ORTTrainingModule(nn.Module):
@@ -320,14 +256,14 @@ class ORTTrainingModule(nn.Module):
 
             with open(config) as f:
                 for entry in json.load(f):
-                    enabled.update(k for k, part in zip(_plan_key(entry), entry.split(",")) if not part.endswith(":0"))
+                    enabled.update(k for k, part in zip(plan_key(entry), entry.split(",")) if not part.endswith(":0"))
         return [
             MemoryPlan(
                 plan=cluster,
                 frequency=int(summary.freq),
                 bytes_saved=summary.evaluated_saving if isinstance(summary.evaluated_saving, float) else None,
                 symbolic_saving=str(summary.simplified_symbolic_saving_expr),
-                enabled=bool(_plan_key(cluster)) and all(k in enabled for k in _plan_key(cluster)),
+                enabled=bool(plan_key(cluster)) and all(k in enabled for k in plan_key(cluster)),
             )
             for cluster, summary in found.items()
         ]
@@ -339,9 +275,9 @@ class ORTTrainingModule(nn.Module):
         import difflib
 
         found = self.memory_plans() or []
-        known = {k for p in found for k in _plan_key(p.plan)}
+        known = {k for p in found for k in plan_key(p.plan)}
         for plan in self.options.memory_opt_plans:
-            missing = [k for k in _plan_key(plan) if k not in known]
+            missing = [k for k in plan_key(plan) if k not in known]
             if missing:
                 valid = ", ".join(p.plan for p in found) or "none (the graph has no recomputable subgraph)"
                 close = difflib.get_close_matches(missing[0], sorted(known), n=1)

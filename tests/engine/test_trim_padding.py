@@ -5,7 +5,7 @@ from parity import assert_parity, run_parity
 from tiny_models import BATCH, FAMILIES, SEQ, VOCAB, build
 
 from ort_hf.engine import ORTOptions, wrap_model
-from ort_hf.engine.wrap import trim_trailing_padding
+from ort_hf.engine.padding import trim_trailing_padding
 
 
 def _batch(lengths, task, gen, pad_left=False):

@@ -52,7 +52,7 @@ def test_an_impossible_budget_stops_at_the_heaviest_rung_and_says_so(tmp_path, c
 
 
 def _plan(plan, frequency, mb):
-    from ort_hf.engine.wrap import MemoryPlan
+    from ort_hf.engine.memory_plans import MemoryPlan
 
     return MemoryPlan(plan=plan, frequency=frequency, bytes_saved=mb * 2**20, symbolic_saving="", enabled=False)
 
