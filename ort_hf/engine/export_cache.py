@@ -131,7 +131,10 @@ def cached_export(original, **kwargs):
 
         entry = Path(root) / entry_key(module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"],
                                        settings)
-        entry.mkdir(mode=0o770 if shared else 0o700, exist_ok=True)
+        if shared:
+            entry.mkdir(mode=0o770, parents=True, exist_ok=True)
+        else:
+            trust.private_dir(entry)
         lock = filelock.FileLock(str(entry / ".lock"))
         lock.acquire()
     except OSError as exc:
@@ -155,8 +158,8 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
         logger.warning("ort_hf: removing %s, an export cache entry whose write never finished.", graph)
         graph.unlink()
     if graph.exists() and not trust.verified(graph):
-        logger.warning("ort_hf: %s does not match the hash recorded when it was exported; not loading it, "
-                       "exporting again.", graph)
+        _warn_once(f"ort_hf: the export cache entry {graph} does not match the hash recorded when it was exported; "
+                   "not loading it, exporting again.")
         trust.forget(graph)
         complete.unlink(missing_ok=True)
     hit = graph.exists()

@@ -38,8 +38,8 @@ def untrusted_reason(folder: Path, shared_below: Path | None = None) -> str | No
     for directory in [*reversed(folder.parents), folder]:
         try:
             info = directory.stat()
-        except FileNotFoundError:
-            break  # created by us, with mode 0700, below a checked parent
+        except OSError:
+            break  # missing: created by us, mode 0700, below a checked parent (or not at all: the caller says so)
         mode = stat.S_IMODE(info.st_mode)
         shared = shared_below is not None and (directory == shared_below or shared_below in directory.parents)
         owner_ok = info.st_uid in (uid, 0) or shared
