@@ -76,12 +76,21 @@ def main(argv: list[str] | None = None) -> dict:
 
 def compare(args) -> dict:
     """Both engines, each in a fresh process (one's memory and threads never touch the other's)."""
+    import os
+
+    import torch
+
     out = Path(args.output_dir)
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        # accelerate imports DeepSpeed in every Trainer when it is installed (the dev extra has it);
+        # naming the accelerator DeepSpeed would detect keeps its detection banner out of the demo.
+        env.setdefault("DS_ACCELERATOR", "cpu")
     summaries, losses = {}, {}
     for engine in ("pytorch", "ort"):
         print(f"\n--- {engine} run", flush=True)
         subprocess.run([sys.executable, __file__, "--engine", engine, "--output_dir", str(out / engine),
-                        "--max_steps", str(args.max_steps)], check=True)
+                        "--max_steps", str(args.max_steps)], check=True, env=env)
         summaries[engine] = json.loads((out / engine / SUMMARY_FILE).read_text())
         state = json.loads((out / engine / "trainer_state.json").read_text())
         losses[engine] = [h["loss"] for h in state["log_history"] if "loss" in h]
