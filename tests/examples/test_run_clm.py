@@ -27,3 +27,23 @@ def test_run_clm_trains_lora_through_ort(shared_data, tmp_path, monkeypatch):
     assert summary["engine"] == "ort" and summary["label_sparsity"] is True
     assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
     sys.modules.pop("run_clm", None)
+
+
+def test_readme_figures_are_the_committed_results():
+    """Every figure in run_clm's measured table comes from results/*.json (no hand-copied numbers)."""
+    import re
+
+    folder = ROOT / "examples" / "run_clm"
+    ort = json.loads((folder / "results" / "ort.json").read_text())
+    pt = json.loads((folder / "results" / "pytorch.json").read_text())
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:5]]
+            for line in (folder / "README.md").read_text().splitlines() if re.match(r"\| (samples|peak|perplexity)", line)}
+
+    def number(cell):
+        return float(cell.replace(",", "").rstrip("x"))
+
+    for key, row in (("samples_per_s", "samples/s (median of logs)"), ("peak_memory_mb", "peak memory MB (per step)"),
+                     ("metric_value", "perplexity (256 valid. lines)")):
+        ours, theirs, ratio = rows[row]
+        assert abs(number(ours) - ort[key]) <= 0.51 and abs(number(theirs) - pt[key]) <= 0.51, row
+        assert abs(number(ratio) - ort[key] / pt[key]) <= 0.005, row
