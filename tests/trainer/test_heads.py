@@ -66,6 +66,11 @@ def _data(kind: str) -> Dataset:
     return Dataset.from_dict(rows)
 
 
+def _t5_model():
+    torch.manual_seed(0)
+    return tf.T5ForConditionalGeneration(_t5(0.0, "eager"))
+
+
 # head -> (model factory, data kind, loss ModuleWithLoss should compute)
 HEADS = {
     "sequence-classification": (lambda: build(FAMILIES["bert-cls"]), "cls", "cross_entropy"),
@@ -75,14 +80,10 @@ HEADS = {
     "multiple-choice": (_bert_head(tf.BertForMultipleChoice), "choice", "cross_entropy"),
     "masked-lm": (lambda: build(FAMILIES["bert-mlm"]), "mlm", "cross_entropy"),
     "causal-lm": (lambda: build(FAMILIES["llama-clm"]), "clm", "cross_entropy"),
-    "seq2seq-t5": (lambda: _t5_model(), "s2s", "cross_entropy"),
+    "seq2seq-t5": (_t5_model, "s2s", "cross_entropy"),
     "seq2seq-bart": (_bart, "s2s", "cross_entropy"),
 }
 
-
-def _t5_model():
-    torch.manual_seed(0)
-    return tf.T5ForConditionalGeneration(_t5(0.0, "eager"))
 
 
 def _train(head: str, out, ort: bool):
