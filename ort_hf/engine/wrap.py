@@ -176,6 +176,12 @@ class ORTTrainingModule(nn.Module):
             "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
         )
 
+    def use_pytorch(self, enabled: bool = True) -> None:
+        """Run the next training forwards in PyTorch (``True``) or through the ORT session again
+        (``False``); session and weights stay as they are (to time PyTorch steps inside a run)."""
+        if self._fallback_reason is None:
+            object.__setattr__(self, "_use_pytorch", enabled)
+
     def reconfigure(self, options: ORTOptions) -> None:
         """Rebuild the ORT session with new options (re-exports on the next forward); the
         module, its parameters and the optimizer stay as they are."""

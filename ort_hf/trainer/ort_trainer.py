@@ -79,6 +79,10 @@ class ORTTrainerMixin:
 
             observer = next(cb for cb in self.callback_handler.callbacks if isinstance(cb, MemoryObserverCallback))
             self.add_callback(MemoryBudgetController(self, self.args.ort_memory_budget_mb, observer))
+        if self.args.use_ort and self.args.ort_compare_steps:
+            from .break_even import BreakEvenCallback
+
+            self.add_callback(BreakEvenCallback(self, self.args.ort_compare_steps))
 
     def _observers(self) -> list[BatchObserver]:
         return [cb for cb in self.callback_handler.callbacks if isinstance(cb, BatchObserver)]

@@ -91,6 +91,13 @@ class ORTTrainingArguments(TrainingArguments):
         },
     )
 
+    ort_compare_steps: int = field(
+        default=0,
+        metadata={"help": "After the export step, run N steps through ORT and N in PyTorch (same run, weights and "
+                          "optimizer), then log both step times, the speed-up, the export cost and after how many "
+                          "steps ORT pays for it (ort/break_even_steps). 0: off."},
+    )
+
     # --- ORTOptions, one flag each (ort_<field>): default and help are ORTOptions' ---
     ort_log_level: str = _ort("log_level")
     ort_fallback: str = _ort("fallback")
@@ -163,6 +170,10 @@ class ORTTrainingArguments(TrainingArguments):
         self._refuse_what_ort_cannot_run()
         self._fit_ddp_to_mem_efficient_gradients()
         check_deepspeed_args(self)
+        if self.ort_compare_steps < 0:
+            raise ValueError(f"--ort_compare_steps must be 0 (off) or a number of steps, got {self.ort_compare_steps}.")
+        if self.ort_compare_steps and self.ort_memory_budget_mb is not None:
+            raise ValueError("--ort_compare_steps and --ort_memory_budget_mb both time the first steps: use one.")
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:

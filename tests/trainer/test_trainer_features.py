@@ -117,3 +117,25 @@ def test_dataset_without_labels_gets_a_clear_error(tmp_path):
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=_args(tmp_path), train_dataset=data)
     with pytest.raises(ValueError, match="did not return a loss.*inputs it received are input_ids"):
         trainer.train()
+
+
+def test_compare_steps_logs_break_even_and_stays_one_run(tmp_path):
+    """--ort_compare_steps: steps 2-3 through ORT, 4-5 in PyTorch, then ORT again: the losses and
+    weights are those of an uninterrupted ORT run (no dropout), and the measurement is logged once."""
+    runs = {}
+    for compare in (0, 2):
+        model = build(FAMILIES["bert-cls"])
+        trainer = ORTTrainer(model=model, args=_args(tmp_path / str(compare), max_steps=7, logging_steps=1,
+                                                     ort_compare_steps=compare), train_dataset=_dataset())
+        trainer.train()
+        assert trainer.ort_engine_status().backend == "ort"
+        runs[compare] = (trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h],
+                         {n: p.detach().clone() for n, p in model.named_parameters()})
+    (_, plain, plain_w), (trainer, compared, compared_w) = runs[0], runs[2]
+    assert max(abs(a - b) for a, b in zip(plain, compared)) <= 1e-4
+    for name, value in plain_w.items():
+        torch.testing.assert_close(compared_w[name], value, rtol=1e-4, atol=1e-5)
+    logged = [h for h in trainer.state.log_history if "ort/break_even_steps" in h]
+    assert len(logged) == 1 and logged[0]["step"] == 6  # reported once, when ORT resumes
+    assert logged[0]["ort/step_ms"] > 0 and logged[0]["ort/pytorch_step_ms"] > 0
+    assert trainer._ort_engine_module._use_pytorch is False  # back on ORT for the rest of the run
