@@ -138,9 +138,10 @@ def without_unused_deepspeed():
     ORTModule 1.19.2's ``__init__`` imports DeepSpeed, when installed, only to wrap
     ``deepspeed.checkpointing.checkpoint`` for export, and its ZeRO-3 offload hooks
     (``training.utils.hooks``, imported at the first export) import it too; that costs every ORT
-    run a DeepSpeed import and its "Setting accelerator to CPU" banner. A process that uses DeepSpeed has imported it
-    before (transformers does for ``--deepspeed``) and gets ORT's wrapper as before; ORTTrainer
-    replaces activation checkpointing by ORT's recompute in any case. Can go with ORTModule."""
+    run a DeepSpeed import and its "Setting accelerator to CPU" banner. A process that uses
+    DeepSpeed has imported it before (transformers does for ``--deepspeed``) and gets ORT's wrapper
+    as before; ORTTrainer replaces activation checkpointing by ORT's recompute in any case. Can go
+    with ORTModule."""
     if "deepspeed" in sys.modules:
         yield
         return
@@ -218,8 +219,8 @@ def _bridge_session_options() -> None:
     # whether its idle threads spin (ORTOptions.intra_op_threads / intra_op_spinning).
     # Memory reuse: ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
     # GraphExecutionManager._get_session_config, so backward holds every activation and the
-    # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES measured it). The active model's
-    # enable_mem_reuse decides instead. Can go with ORTModule.
+    # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES measured it). The active
+    # model's enable_mem_reuse decides instead. Can go with ORTModule.
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager as GEM
 
     _patch(GEM, "_get_session_config", _session_config_per_model)
@@ -331,9 +332,9 @@ def _bridge_output_schema_pass() -> None:
     # Before tracing, ORT 1.19.2 runs the whole model once in PyTorch, on the whole first batch,
     # only to learn the structure of its outputs (count, dtypes, ranks; every dimension is
     # exported dynamic), a full forward of the first step (docs/benchmarks.md measures it). It
-    # now runs on the first SCHEMA_PASS_ROWS rows when every
-    # tensor input shares that leading dimension, with ORT's sparsity-check hooks held back:
-    # their on/off decision and the densities ORT's banner prints come from the trace, which
+    # now runs on the first SCHEMA_PASS_ROWS rows when every tensor input shares that leading
+    # dimension, with ORT's sparsity-check hooks held back: their on/off decision and the
+    # densities ORT's banner prints come from the trace, which
     # still sees the whole batch. If the short pass fails, ORT's own full pass runs. Can go
     # with ORTModule.
     from onnxruntime.training.ortmodule import _io

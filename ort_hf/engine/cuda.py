@@ -233,9 +233,9 @@ def _assemble_cuda_home(wheel: Path, root: Path, cache: Path) -> Path:
 
 
 def _nvcc_version(wheel: Path) -> str:
-    version = (wheel / "include" / "cuda.h")
-    if version.exists():
-        match = re.search(r"#define CUDA_VERSION (\d+)", version.read_text(errors="ignore"))
+    header = wheel / "include" / "cuda.h"
+    if header.exists():
+        match = re.search(r"#define CUDA_VERSION (\d+)", header.read_text(errors="ignore"))
         if match:
             return match.group(1)
     return "unknown"

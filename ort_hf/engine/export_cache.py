@@ -30,6 +30,8 @@ import os
 import warnings
 from pathlib import Path
 
+from . import trust
+
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
 _UNCACHEABLE = "uncacheable"
@@ -119,7 +121,6 @@ def cached_export(original, **kwargs):
     module = kwargs["flattened_module"]
     settings = {k: kwargs.get(k) for k in ("onnx_opset_version", "enable_custom_autograd_function",
                                            "enable_zero_stage3_support")}
-    from . import trust
     from .compat import ACTIVE_EXPORT_RECORD
 
     record = ACTIVE_EXPORT_RECORD.get()
@@ -148,8 +149,6 @@ def cached_export(original, **kwargs):
 
 
 def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
-    from . import trust
-
     if (entry / _UNCACHEABLE).exists():
         return original(**uncached)
     graph = entry / _ort_file_name(kwargs["flattened_module"])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._paths import probe_writable
+from . import cuda, trust
 from .errors import ExtensionBuildError
 
 logger = logging.getLogger(__name__)
@@ -73,8 +74,6 @@ def _writable_dir(preferred: Path) -> Path:
         probe_writable(preferred)
         return preferred
     except OSError as exc:
-        from . import trust
-
         # A predictable /tmp path: used only while nobody else owns or can write it.
         fallback = trust.trusted_dir(Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name,
                                      "ORT's compiled extensions", f"${CACHE_ENV}")
@@ -94,8 +93,6 @@ def extension_dir() -> Path:
     this user (``trust``) and writable; otherwise one private folder for this process."""
     wanted = cache_root() / "extensions" / _build_key()
     if wanted not in _chosen_dirs:
-        from . import trust
-
         trusted = trust.trusted_dir(wanted, "ORT's compiled extensions", f"${CACHE_ENV}")
         _chosen_dirs[wanted] = _writable_dir(trusted)
     return _chosen_dirs[wanted]
@@ -166,8 +163,6 @@ def build_extension(name: str, verbose: bool = False):
     import filelock
     from torch.utils import cpp_extension
 
-    from . import trust
-
     base = extension_dir()
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +201,7 @@ def build_extension(name: str, verbose: bool = False):
         except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
             import torch
 
-            hint = f" ({cuda_module().NVCC_WHEEL_HINT})" if cuda else " (a C++17 g++, Python headers, ninja)"
+            hint = f" ({cuda.NVCC_WHEEL_HINT})" if cuda else " (a C++17 g++, Python headers, ninja)"
             raise ExtensionBuildError(
                 f"Building ORTModule's {name} extension with {compiler} failed against torch {torch.__version__}"
                 f"{hint}: {exc}\nBuild files: {build_dir}. Run `ort-hf doctor` for the toolchain check."
@@ -217,19 +212,13 @@ def build_extension(name: str, verbose: bool = False):
         return _load_so(name, built)
 
 
-def cuda_module():
-    from . import cuda
-
-    return cuda
-
-
 def _cuda_archs() -> str:
     import torch
 
     if torch.version.cuda is None:
         raise ExtensionBuildError(f"torch {torch.__version__} is a CPU build: ORT's CUDA extensions need torch's "
                                   "CUDA build (pip install torch==2.13.0 from the default index).")
-    return cuda_module().gpu_archs()
+    return cuda.gpu_archs()
 
 
 @contextlib.contextmanager
@@ -238,7 +227,7 @@ def _cuda_build_environment(base: Path, archs: str):
     from torch.utils import cpp_extension
 
     try:
-        home = cuda_module().cuda_home(base)
+        home = cuda.cuda_home(base)
     except FileNotFoundError as exc:
         raise ExtensionBuildError(str(exc)) from exc
     saved_env = {k: os.environ.get(k) for k in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST")}

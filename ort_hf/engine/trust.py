@@ -60,16 +60,23 @@ def private_dir(folder: Path) -> Path:
     return folder
 
 
+_replacements: dict[tuple[Path, Path | None], Path] = {}
+
+
 def trusted_dir(folder: Path, what: str, remedy: str, shared_below: Path | None = None) -> Path:
-    """``folder`` if it passes :func:`untrusted_reason` (created private if missing), else a fresh
-    private temporary directory, after one warning saying why and what to do."""
+    """``folder`` if it passes :func:`untrusted_reason` (created private if missing), else a
+    private temporary directory, after one warning saying why and what to do; one such
+    directory and one warning per folder and process, however often a caller asks."""
+    key = (Path(os.path.abspath(folder)), shared_below)
+    if key in _replacements:
+        return _replacements[key]
     reason = untrusted_reason(folder, shared_below)
     if reason is None:
         try:
             return private_dir(folder)
         except OSError:
             return folder  # not creatable: the caller's own write check reports it
-    fresh = Path(tempfile.mkdtemp(prefix="ort_hf-"))  # mode 0700, owned by this user
+    fresh = _replacements[key] = Path(tempfile.mkdtemp(prefix="ort_hf-"))  # mode 0700, owned by this user
     logger.warning("ort_hf: not using %s for %s: %s. Fix it with `chmod 700 %s` (or choose another %s); using "
                    "the private directory %s for this run.", folder, what, reason, folder, remedy, fresh)
     return fresh
