@@ -66,6 +66,12 @@ def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
               "the export or compilation in the first step included, median over rounds: what a stopwatch around "
               "trainer.train() sees. Its ratio (eager's time over this variant's) counts that one-off cost, which "
               "the steady ratio leaves out, so on a short run it is the lower of the two for ORT and compile."]
+    same = [r for r in rows if "vs_same_input" in r]
+    if same:
+        lines += ["", "Same input (the trim's share taken out): " + "; ".join(
+            f"{r['workload']} {r['variant']} {r['vs_same_input']:.2f}x eager-trim "
+            f"({r.get('vs_same_input_min', r['vs_same_input']):.2f}–{r.get('vs_same_input_max', r['vs_same_input']):.2f})"
+            for r in same) + ". eager-trim's own ratio to eager is what dropping the all-padding columns buys."]
     if targets:
         lines += ["", "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in targets]

@@ -39,6 +39,8 @@ class Variant:
     memory_opt_level: int = 0
     tasks: tuple[str, ...] = ("mlm", "cls", "clm")
     budget: bool = False  # ORTTrainer budget mode with --memory_budget_mb
+    trim: bool = False  # PyTorch fed the batches ORT's CPU path runs (trailing all-padding columns dropped)
+    paddings: tuple[str, ...] = ("none", "max_length", "dynamic")  # the workload paddings it applies to
     default: bool = True  # part of a plain `ort-hf bench`
 
 
@@ -47,6 +49,9 @@ VARIANTS = {
     for v in (
         Variant(BASELINE, False, "HF Trainer path in PyTorch, SDPA attention (use_ort=False): the baseline"),
         Variant("compile", False, "torch.compile (torch_compile=True, use_ort=False)", torch_compile=True),
+        Variant("eager-trim", False, "eager fed the batches ORT's CPU path runs (trailing all-padding columns "
+                "dropped): the engine's like-for-like baseline on padded data", trim=True, tasks=("cls",),
+                paddings=("max_length",)),
         Variant("masked-head", False, "PyTorch, LM head and loss on the masked positions only (hand-written)",
                 tasks=("mlm",)),
         Variant("ort", True, "ORTTrainer defaults (ORTModule, ModuleWithLoss, label sparsity)"),
@@ -97,4 +102,4 @@ class BenchSettings:
 
 
 def applies(variant: Variant, workload: Workload) -> bool:
-    return workload.task in variant.tasks
+    return workload.task in variant.tasks and workload.padding in variant.paddings

@@ -73,7 +73,16 @@ def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
         return {"status": "skipped", "reason": str(exc)}
     model = build_model(workload, settings, tokenizer, masked_head=variant.name == "masked-head",
                         num_labels=num_labels(dataset) or 2)
-    return _train(workload, variant, settings, model, dataset, collator_for(workload, tokenizer))
+    collate = collator_for(workload, tokenizer)
+    if variant.trim:
+        collate = _trimmed(collate)
+    return _train(workload, variant, settings, model, dataset, collate)
+
+
+def _trimmed(collate):
+    from ..engine.padding import trim_trailing_padding
+
+    return lambda rows: trim_trailing_padding(collate(rows))[0]
 
 
 def _train(workload, variant, settings, model, dataset, collate) -> dict:
