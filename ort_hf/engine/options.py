@@ -94,9 +94,7 @@ class ORTOptions:
     # embeddings and their gradients) need; each such kernel then waits for the scheduler.
     intra_op_spinning: bool | None = _opt(None, "Let ORT's idle pool threads spin between kernels. Default: off on "
                                                 "CPU, ORT's default (on) on CUDA.")
-    # ORT calls PyTorch for some nodes (ATen nodes, PythonOps). With more than one thread each
-    # such call wakes PyTorch's OpenMP workers, which spin for milliseconds (libgomp's default
-    # wait policy) on the cores ORT's own pool is using. Restored after every ORT call.
+    # Why one thread by default: compat._bridge_torch_threads_in_graph.
     torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
                                                     "Default: 1 on CPU, unchanged on CUDA; 0 leaves "
                                                     "torch.set_num_threads as it is (custom autograd functions with "

@@ -31,7 +31,8 @@ class EngineStatus:
     """What ran the forwards of a wrapped model that went to ORT.
 
     ``backend`` is ``"ort"`` once an ORT session executed, ``"pytorch"`` after a fallback
-    (``fallback_reason`` says why) and ``"not_run"`` before the first such forward.
+    (``fallback_reason`` says why) or once ``--use_ort auto`` chose PyTorch (no reason), and
+    ``"not_run"`` before the first such forward.
     """
 
     backend: str
@@ -92,7 +93,8 @@ class ORTTrainingModule(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._ort.train(mode)
+        if self._ort is not None:
+            self._ort.train(mode)
         return self
 
     def forward(self, *args, **kwargs):
@@ -181,6 +183,12 @@ class ORTTrainingModule(nn.Module):
         (``False``); session and weights stay as they are (to time PyTorch steps inside a run)."""
         if self._fallback_reason is None:
             object.__setattr__(self, "_use_pytorch", enabled)
+
+    def finish_in_pytorch(self) -> None:
+        """Train the rest of the run in PyTorch and free the ORT session (``--use_ort auto``
+        measured PyTorch faster); ``engine_status().backend`` is ``"pytorch"`` from now on."""
+        self.use_pytorch(True)
+        self.release()
 
     def reconfigure(self, options: ORTOptions) -> None:
         """Rebuild the ORT session with new options (re-exports on the next forward); the
@@ -312,7 +320,7 @@ class ORTTrainingModule(nn.Module):
     def engine_status(self) -> EngineStatus:
         if not self._ran:
             backend = "not_run"
-        elif self._fallback_reason is not None:
+        elif self._fallback_reason is not None or self._ort is None:
             backend = "pytorch"
         else:
             backend = "ort"

@@ -40,7 +40,9 @@ def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, 
     if status is None:
         engine = "pytorch"
     else:
-        engine = "ort" if status.backend == "ort" else f"pytorch (ORT fell back: {status.fallback_reason})"
+        engine = {"ort": "ort", "not_run": "not run"}.get(status.backend) or (
+            f"pytorch (ORT fell back: {status.fallback_reason})" if status.fallback_reason
+            else "pytorch (--use_ort auto measured it faster)")
     peaks = [h["memory/peak_mb"] for h in history if "memory/peak_mb" in h]
     eval_metrics = eval_metrics or {}
     return {

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from argparse import ArgumentTypeError
 from dataclasses import MISSING, dataclass, field, fields
 
 from transformers import TrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from ..engine.options import ORTOptions
 from .deepspeed import check_deepspeed_args
@@ -14,6 +16,7 @@ logger = logging.getLogger(__name__)
 
 ADAMW_ORT_FUSED = "adamw_ort_fused"
 LOSS_PLACEMENTS = ("auto", "always", "never")
+AUTO_COMPARE_STEPS = 10
 
 
 def _ort(name: str):
@@ -29,7 +32,8 @@ class ORTTrainingArguments(TrainingArguments):
     """``TrainingArguments`` for :class:`ORTTrainer`.
 
     Every ``ORTOptions`` field is available as ``--ort_<field>``; ``use_ort false`` trains the
-    same script in plain PyTorch for A/B runs; ``--optim adamw_ort_fused`` picks ORT's fused
+    same script in plain PyTorch for A/B runs, ``use_ort auto`` on whichever engine this run
+    measures faster; ``--optim adamw_ort_fused`` picks ORT's fused
     AdamW on CUDA (torch's fused AdamW, same math, on CPU).
     """
 
@@ -45,8 +49,17 @@ class ORTTrainingArguments(TrainingArguments):
     )
 
     # --- engine selection ---
-    use_ort: bool = field(
-        default=True, metadata={"help": "Train through ONNX Runtime (ORTModule). False = plain PyTorch, for A/B runs."}
+    # A string on the command line (true, false or auto), normalised to True, False or "auto"
+    # in __post_init__; HfArgumentParser would parse a bool field with no room for "auto".
+    use_ort: str = field(
+        default="true",
+        metadata={
+            "help": "Train through ONNX Runtime (ORTModule): true; false = plain PyTorch, for A/B runs; auto = "
+            "start through ORT, time both engines on this run (--ort_compare_steps) and train the rest of the "
+            "run on the faster one.",
+            "nargs": "?",
+            "const": "true",
+        },
     )
     use_module_with_loss: bool = field(
         default=True,
@@ -91,11 +104,12 @@ class ORTTrainingArguments(TrainingArguments):
         },
     )
 
-    ort_compare_steps: int = field(
-        default=0,
+    ort_compare_steps: int | None = field(
+        default=None,
         metadata={"help": "After the export step, run N steps through ORT and N in PyTorch (same run, weights and "
                           "optimizer), then log both step times, the speed-up, the export cost and after how many "
-                          "steps ORT pays for it (ort/break_even_steps). 0: off."},
+                          f"steps ORT pays for it (ort/break_even_steps). Default: {AUTO_COMPARE_STEPS} with "
+                          "--use_ort auto, else off (0)."},
     )
 
     # --- ORTOptions, one flag each (ort_<field>): default and help are ORTOptions' ---
@@ -148,6 +162,9 @@ class ORTTrainingArguments(TrainingArguments):
         wants_ort_fused = self.optim == ADAMW_ORT_FUSED
         if wants_ort_fused:
             self.optim = "adamw_torch"
+        self.use_ort = _engine_choice(self.use_ort)
+        if self.ort_compare_steps is None:
+            self.ort_compare_steps = AUTO_COMPARE_STEPS if self.use_ort == "auto" else 0
         self._refuse_fsdp()
         if self.use_ort and (self.gradient_checkpointing or self.activation_checkpointing):
             # ORT cannot export torch.utils.checkpoint functions; its layer-wise recompute
@@ -170,10 +187,7 @@ class ORTTrainingArguments(TrainingArguments):
         self._refuse_what_ort_cannot_run()
         self._fit_ddp_to_mem_efficient_gradients()
         check_deepspeed_args(self)
-        if self.ort_compare_steps < 0:
-            raise ValueError(f"--ort_compare_steps must be 0 (off) or a number of steps, got {self.ort_compare_steps}.")
-        if self.ort_compare_steps and self.ort_memory_budget_mb is not None:
-            raise ValueError("--ort_compare_steps and --ort_memory_budget_mb both time the first steps: use one.")
+        self._check_compare_steps()
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
@@ -191,6 +205,20 @@ class ORTTrainingArguments(TrainingArguments):
         except ValueError as exc:
             # Name the command-line flag, not the internal dataclass field.
             raise ValueError(str(exc).replace("ORTOptions.", "--ort_")) from None
+
+    def _check_compare_steps(self) -> None:
+        steps = self.ort_compare_steps
+        if steps < 0 or (steps == 0 and self.use_ort == "auto"):
+            raise ValueError(f"--ort_compare_steps must be a number of steps{'' if self.use_ort == 'auto' else ' or 0 (off)'}"
+                             f", got {steps}.")
+        if steps and not self.use_ort:
+            raise ValueError("--ort_compare_steps times ORT against PyTorch: it needs --use_ort true or auto.")
+        if steps and self.ort_memory_budget_mb is not None:
+            raise ValueError(f"{'--use_ort auto' if self.use_ort == 'auto' else '--ort_compare_steps'} and "
+                             "--ort_memory_budget_mb both time the first steps: use one.")
+        if steps and 0 < self.max_steps <= 2 * steps + 1:
+            logger.warning("ort_hf: --max_steps %d ends before the engine comparison (1 export step, then %d steps "
+                           "through each engine): nothing will be compared.", self.max_steps, steps)
 
     def _fit_ddp_to_mem_efficient_gradients(self) -> None:
         # With memory-efficient gradients the parameters reach ORT's graph through PythonOps, not
@@ -222,3 +250,16 @@ class ORTTrainingArguments(TrainingArguments):
         values = {f.name: getattr(self, f"ort_{f.name}") for f in fields(ORTOptions)}
         values["memory_opt_plans"] = tuple(values["memory_opt_plans"] or ())
         return ORTOptions(**values)
+
+
+def _engine_choice(value) -> bool | str:
+    """``--use_ort``'s value as True, False or ``"auto"``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        return string_to_bool(text)
+    except ArgumentTypeError:
+        raise ValueError(f"--use_ort takes true, false or auto, got {value!r}.") from None

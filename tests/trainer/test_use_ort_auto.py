@@ -1,0 +1,86 @@
+"""--use_ort auto: ORT and PyTorch are timed inside the run, and the rest of the run trains on the
+faster one. Which one is faster depends on the machine, so each outcome is forced by the measured
+medians; the run must stay one run either way (losses, weights and optimizer state of an
+uninterrupted Trainer run from the same seed)."""
+
+import pytest
+import torch
+from datasets import Dataset
+from tiny_models import FAMILIES, build
+from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+from ort_hf.engine.wrap import ORTTrainingModule
+from ort_hf.report.summary import run_summary
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+from ort_hf.trainer.break_even import BreakEvenCallback
+from ort_hf.trainer.training_args import AUTO_COMPARE_STEPS
+
+COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1, report_to=[],
+              save_strategy="no", disable_tqdm=True, seed=0)
+
+
+def _dataset(n=64):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 100, (n, 16), generator=gen)
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * n,
+                              "labels": (ids[:, 0] > 50).long().tolist()})
+
+
+def _parse(*argv):
+    return HfArgumentParser(ORTTrainingArguments).parse_args_into_dataclasses(["--output_dir", "out", *argv])[0]
+
+
+def test_use_ort_parses_true_false_and_auto():
+    assert _parse().use_ort is True and _parse().ort_compare_steps == 0
+    assert _parse("--use_ort").use_ort is True
+    assert _parse("--use_ort", "False").use_ort is False
+    auto = _parse("--use_ort", "auto")
+    assert auto.use_ort == "auto" and auto.ort_compare_steps == AUTO_COMPARE_STEPS
+    assert _parse("--use_ort", "auto", "--ort_compare_steps", "3").ort_compare_steps == 3
+    with pytest.raises(ValueError, match="--use_ort takes true, false or auto, got 'sometimes'"):
+        _parse("--use_ort", "sometimes")
+    with pytest.raises(ValueError, match="needs --use_ort true or auto"):
+        _parse("--use_ort", "false", "--ort_compare_steps", "3")
+
+
+def _trainer_run(output_dir):
+    model = build(FAMILIES["bert-cls"])
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output_dir), **COMMON), train_dataset=_dataset())
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("faster", ["ort", "pytorch"])
+def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, faster):
+    medians = (0.01, 0.02) if faster == "ort" else (0.02, 0.01)  # (ORT, PyTorch) seconds per step
+    monkeypatch.setattr(BreakEvenCallback, "medians", lambda self: medians)
+    ort_runs = []
+    real_run_ort = ORTTrainingModule._run_ort
+    monkeypatch.setattr(ORTTrainingModule, "_run_ort", lambda self, *a: ort_runs.append(1) or real_run_ort(self, *a))
+
+    model = build(FAMILIES["bert-cls"])
+    args = ORTTrainingArguments(output_dir=str(tmp_path / "ort"), use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
+                                ort_log_level="ERROR", **COMMON)
+    trainer = ORTTrainer(model=model, args=args, train_dataset=_dataset())
+    trainer.train()
+
+    # Step 1 exports, 2-3 through ORT, 4-5 in PyTorch, 6-8 on the faster engine.
+    assert len(ort_runs) == (6 if faster == "ort" else 3)
+    engine = trainer._ort_engine_module
+    assert engine.engine_status().backend == faster and engine.engine_status().fallback_reason is None
+    assert run_summary(trainer, {})["engine"] == {"ort": "ort",
+                                                  "pytorch": "pytorch (--use_ort auto measured it faster)"}[faster]
+    logged = [h for h in trainer.state.log_history if "ort/auto_chose_pytorch" in h]
+    assert len(logged) == 1 and logged[0]["ort/auto_chose_pytorch"] == float(faster == "pytorch")
+
+    reference = _trainer_run(tmp_path / "trainer")
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    expected = [h["loss"] for h in reference.state.log_history if "loss" in h]
+    assert len(losses) == 8 and max(abs(a - b) for a, b in zip(losses, expected)) <= 1e-4
+    for (name, value), ref in zip(model.named_parameters(), reference.model.parameters()):
+        torch.testing.assert_close(value, ref, rtol=1e-4, atol=1e-5, msg=name)
+    state, ref_state = trainer.optimizer.state_dict()["state"], reference.optimizer.state_dict()["state"]
+    assert state.keys() == ref_state.keys()
+    for key in state:
+        assert state[key]["step"] == ref_state[key]["step"] == 8
+        torch.testing.assert_close(state[key]["exp_avg_sq"], ref_state[key]["exp_avg_sq"], rtol=1e-3, atol=1e-9)
