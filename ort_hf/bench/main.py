@@ -83,7 +83,7 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
     return {
         "command": command.strip(),
         "date": datetime.datetime.now().isoformat(timespec="minutes"),
-        # The same tree gives very different ratios on different CPUs (docs/benchmarks.md: Xeon vs EPYC).
+        # The same tree gives very different ratios on different CPUs: compare within one machine.
         "machine": f"{os.cpu_count()} CPUs ({cpu}; PyTorch's CPU kernels: {_torch_cpu_capability()}), "
                    f"{platform.system()} {platform.release()}",
         "tree": _git_revision(),

@@ -331,7 +331,7 @@ _ORT_DENSITY_HOOKS = ("_label_hook", "_embedding_hook")
 def _bridge_output_schema_pass() -> None:
     # Before tracing, ORT 1.19.2 runs the whole model once in PyTorch, on the whole first batch,
     # only to learn the structure of its outputs (count, dtypes, ranks; every dimension is
-    # exported dynamic), a full forward of the first step (docs/benchmarks.md measures it). It
+    # exported dynamic), a full forward of the first step. It
     # now runs on the first SCHEMA_PASS_ROWS rows when every tensor input shares that leading
     # dimension, with ORT's sparsity-check hooks held back: their on/off decision and the
     # densities ORT's banner prints come from the trace, which

@@ -281,7 +281,7 @@ class ORTTrainerMixin:
 
         ORT 1.19.2's label sparsity fires below ``SPARSITY_THRESHOLD``. Above it there is
         nothing to drop, and ORT's CPU cross-entropy kernel over every position is slower than
-        PyTorch's (docs/benchmarks.md, causal LM)."""
+        PyTorch's."""
         module, mode = self._loss_module, self.args.ort_loss_in_graph
         labels = inputs.get("labels")
         choice = choose_loss(module, inputs, num_items_in_batch)
