@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.INFO if training_args.should_log else log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
-    logger.info("engine: %s; %s", "ORT" if training_args.use_ort else "PyTorch", training_args.output_dir)
+    engine = {True: "ORT", False: "PyTorch", "auto": "ORT, then the faster engine (--use_ort auto)"}[training_args.use_ort]
+    logger.info("engine: %s; %s", engine, training_args.output_dir)
     if not training_args.do_train:
         # As in HF run_glue, nothing trains without --do_train (--eval_strategy alone turns on do_eval).
         logger.warning("no --do_train: nothing is trained%s.", ", the model is evaluated as loaded" if training_args.do_eval else "")
