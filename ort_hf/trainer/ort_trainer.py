@@ -82,11 +82,6 @@ class ORTTrainerMixin:
         if self.args.use_ort and self.args.ort_compare_steps:
             from .break_even import BreakEvenCallback
 
-            if self.args.use_ort == "auto" and self.args.parallel_mode == ParallelMode.DISTRIBUTED:
-                raise ValueError("--use_ort auto times each engine in one process, and processes could choose "
-                                 "differently: in distributed training, pass --use_ort true or false (measure with "
-                                 "--ort_compare_steps N on a single process first).")
-
             self.add_callback(BreakEvenCallback(self, self.args.ort_compare_steps))
 
     def _observers(self) -> list[BatchObserver]:

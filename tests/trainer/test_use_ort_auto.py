@@ -84,3 +84,16 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     for key in state:
         assert state[key]["step"] == ref_state[key]["step"] == 8
         torch.testing.assert_close(state[key]["exp_avg_sq"], ref_state[key]["exp_avg_sq"], rtol=1e-3, atol=1e-9)
+
+
+def test_auto_is_refused_in_distributed_training(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers.training_args import ParallelMode
+
+    args = _parse("--use_ort", "auto")
+    monkeypatch.setattr(ORTTrainingArguments, "parallel_mode", property(lambda self: ParallelMode.DISTRIBUTED))
+    with pytest.raises(ValueError, match="in distributed training, pass --use_ort true or false"):
+        BreakEvenCallback(SimpleNamespace(args=args), args.ort_compare_steps)
+    args.use_ort = True  # measuring only is fine: every rank keeps training through ORT
+    BreakEvenCallback(SimpleNamespace(args=args), args.ort_compare_steps)
