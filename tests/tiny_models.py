@@ -140,3 +140,14 @@ def make_batch(task: str, generator: torch.Generator, padded: bool = True) -> di
     else:
         batch["labels"] = ids.masked_fill(mask == 0, -100)
     return batch
+
+
+def rule_dataset(n: int = 48, seed: int = 0):
+    """A sequence-classification ``Dataset`` of ``n`` unpadded rows whose label is a learnable rule
+    (first token above 50)."""
+    from datasets import Dataset
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (n, SEQ), generator=gen)
+    labels = (ids[:, 0] > 50).long()
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * SEQ] * n, "labels": labels.tolist()})

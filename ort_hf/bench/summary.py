@@ -28,24 +28,28 @@ def summarize(results: list[dict]) -> list[dict]:
             groups[(r["workload"], r["variant"])].append(r)
     rows = [_row(workload, variant, runs) for (workload, variant), runs in groups.items()]
     base = {row["workload"]: row for row in rows if row["variant"] == BASELINE and row["status"] == "ok"}
-    base_runs = {(r["workload"], r["round"]): r for r in results
-                 if r.get("variant") == BASELINE and r["status"] == "ok"}
     for row in rows:
-        _compare(row, base.get(row["workload"]), groups[(row["workload"], row["variant"])], base_runs)
-        _compare_same_input(row, rows, groups)
+        runs = groups[(row["workload"], row["variant"])]
+        _compare(row, base.get(row["workload"]), runs, groups.get((row["workload"], BASELINE), []))
+        _compare_same_input(row, rows, runs, groups.get((row["workload"], "eager-trim"), []))
     return rows
 
 
-def _compare_same_input(row: dict, rows: list[dict], groups: dict) -> None:
+def _paired(runs: list[dict], reference_runs: list[dict]) -> list[float]:
+    """Per-round samples/s ratios to the reference variant: each round ran every variant back to back."""
+    reference = {r["round"]: r for r in reference_runs if r["status"] == "ok"}
+    return [r["samples_per_s"] / reference[r["round"]]["samples_per_s"]
+            for r in runs if r["status"] == "ok" and r["round"] in reference]
+
+
+def _compare_same_input(row: dict, rows: list[dict], runs: list[dict], trim_runs: list[dict]) -> None:
     """ORT against eager fed the same trimmed batches (``eager-trim``), where that variant ran:
     what ORT's engine buys on padded data, apart from what the trim buys."""
     trim = _get(rows, row["workload"], "eager-trim")
     if trim is None or row["status"] != "ok" or not VARIANTS[row["variant"]].use_ort:
         return
     row["vs_same_input"] = row["samples_per_s"] / trim["samples_per_s"]
-    trim_runs = {r["round"]: r for r in groups[(row["workload"], "eager-trim")] if r["status"] == "ok"}
-    paired = [r["samples_per_s"] / trim_runs[r["round"]]["samples_per_s"]
-              for r in groups[(row["workload"], row["variant"])] if r["status"] == "ok" and r["round"] in trim_runs]
+    paired = _paired(runs, trim_runs)
     if paired:
         row["vs_same_input_min"], row["vs_same_input_max"] = min(paired), max(paired)
 
@@ -89,13 +93,11 @@ def _row(workload: str, variant: str, runs: list[dict]) -> dict:
     return row
 
 
-def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: dict) -> None:
+def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: list[dict]) -> None:
     if row["status"] != "ok" or base is None:
         return
     row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
-    # Paired per round: each round ran every variant back to back.
-    paired = [r["samples_per_s"] / base_runs[(r["workload"], r["round"])]["samples_per_s"]
-              for r in runs if r["status"] == "ok" and (r["workload"], r["round"]) in base_runs]
+    paired = _paired(runs, base_runs)
     if paired:
         row["speedup_min"], row["speedup_max"] = min(paired), max(paired)
     if row.get("train_runtime_s") and base.get("train_runtime_s"):

@@ -3,18 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, build
+from tiny_models import FAMILIES, build, rule_dataset
 from transformers import TrainerCallback
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
-def _dataset(n=48, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 100, (n, 16), generator=gen)
-    labels = (ids[:, 0] > 50).long()  # learnable rule
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * n, "labels": labels.tolist()})
+_dataset = rule_dataset
 
 
 def _args(tmp_path, **kw):

@@ -5,8 +5,7 @@ uninterrupted Trainer run from the same seed)."""
 
 import pytest
 import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, build
+from tiny_models import FAMILIES, build, rule_dataset
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 from ort_hf.engine.wrap import ORTTrainingModule
@@ -17,13 +16,6 @@ from ort_hf.trainer.training_args import AUTO_COMPARE_STEPS
 
 COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1, report_to=[],
               save_strategy="no", disable_tqdm=True, seed=0)
-
-
-def _dataset(n=64):
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 100, (n, 16), generator=gen)
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * n,
-                              "labels": (ids[:, 0] > 50).long().tolist()})
 
 
 def _parse(*argv):
@@ -45,7 +37,7 @@ def test_use_ort_parses_true_false_and_auto():
 
 def _trainer_run(output_dir):
     model = build(FAMILIES["bert-cls"])
-    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output_dir), **COMMON), train_dataset=_dataset())
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output_dir), **COMMON), train_dataset=rule_dataset(64))
     trainer.train()
     return trainer
 
@@ -61,7 +53,7 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     model = build(FAMILIES["bert-cls"])
     args = ORTTrainingArguments(output_dir=str(tmp_path / "ort"), use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
                                 ort_log_level="ERROR", **COMMON)
-    trainer = ORTTrainer(model=model, args=args, train_dataset=_dataset())
+    trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset(64))
     trainer.train()
 
     # Step 1 exports, 2-3 through ORT, 4-5 in PyTorch, 6-8 on the faster engine.
