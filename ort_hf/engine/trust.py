@@ -5,7 +5,8 @@ and exported training graphs (``.onnx``: what the model computes) from the expor
 who can write to those directories could plant either. So, as ssh does with key directories:
 
 - Cache directories are created with mode 0700. Before anything is loaded, every directory from
-  ``/`` down to the cache folder must be owned by this user or root and not writable by group or
+  ``/`` down to the cache folder (through symbolic links: the folders holding each link and every
+  folder the path really leads to) must be owned by this user or root and not writable by group or
   others (a root-owned sticky directory such as ``/tmp`` is fine: others cannot rename entries in
   it). A folder that fails is not used: the engine says why and what to do, and builds or exports
   into a fresh private directory instead. An export cache shared with a group on purpose
@@ -30,12 +31,47 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 
+def folders_on_the_way(folder: Path) -> list[Path]:
+    """Every directory the kernel walks through to reach ``folder``: each link is followed as
+    ``realpath`` follows it, so the list holds the folders that hold the links (whoever can
+    write there can swap the link) and the folders the path really leads to, parents included."""
+    current, seen, hops = Path("/"), [Path("/")], 0
+    pending = list(Path(os.path.abspath(folder)).parts[1:])
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        candidate = current / name
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:  # the kernel's own limit (ELOOP)
+                raise OSError(f"too many symbolic links on the way to {folder}")
+            target = Path(os.readlink(candidate))
+            if target.is_absolute():
+                current = Path("/")
+            pending = [part for part in target.parts if part != "/"] + pending
+            continue
+        current = candidate
+        if current not in seen:
+            seen.append(current)
+    return seen
+
+
 def untrusted_reason(folder: Path, shared_below: Path | None = None) -> str | None:
-    """Why ``folder`` must not be trusted, or None. ``shared_below``: a root under which group
+    """Why ``folder`` must not be trusted, or None. Every directory on the way to it is judged,
+    through links (:func:`folders_on_the_way`). ``shared_below``: a root under which group
     ownership and group write are accepted (a deliberately shared cache)."""
-    folder = Path(os.path.abspath(folder))
     uid = os.getuid()
-    for directory in [*reversed(folder.parents), folder]:
+    if shared_below is not None:
+        shared_below = Path(os.path.realpath(shared_below))
+    try:
+        directories = folders_on_the_way(folder)
+    except OSError as exc:
+        return str(exc)
+    for directory in directories:
         try:
             info = directory.stat()
         except OSError:

@@ -46,6 +46,40 @@ def test_folder_owned_by_another_user_is_not_trusted(tmp_path):
     assert "owned by uid 12345" in trust.untrusted_reason(other)
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root (os.chown)")
+def test_cache_reached_through_a_link_is_judged_where_it_really_lives(tmp_path):
+    """Our private cache folder inside a folder another uid owns (who can rename and replace it),
+    reached through a link in a folder of ours: refused, naming the real parent."""
+    theirs = tmp_path / "theirs"
+    cache = trust.private_dir(theirs / "cache")
+    os.chown(theirs, 12345, 12345)
+    home = trust.private_dir(tmp_path / "home")
+    (home / "cache").symlink_to(cache)
+    assert trust.untrusted_reason(cache) is not None
+    assert f"{theirs} is owned by uid 12345" in trust.untrusted_reason(home / "cache")
+    assert f"{theirs} is owned by uid 12345" in trust.untrusted_reason(home / "cache" / "extensions")
+
+
+def test_links_are_judged_by_their_own_folder_and_their_target(tmp_path):
+    private = trust.private_dir(tmp_path / "private" / "cache")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    # A link in a folder anyone can write (anyone could point it elsewhere), to a private target.
+    (open_dir / "cache").symlink_to(private)
+    assert "mode 777" in trust.untrusted_reason(open_dir / "cache")
+    # A link in a private folder to a target below a folder anyone can write; relative, and a chain.
+    trust.private_dir(open_dir / "target")
+    home = trust.private_dir(tmp_path / "home")
+    (home / "hop").symlink_to(Path("..") / "open")
+    (home / "cache").symlink_to(home / "hop" / "target")
+    assert f"{open_dir} is owned by uid {os.getuid()} with mode 777" in trust.untrusted_reason(home / "cache")
+    # A link between private folders is fine.
+    (home / "ok").symlink_to(private)
+    assert trust.untrusted_reason(home / "ok") is None
+    assert trust.folders_on_the_way(home / "ok")[-1] == private
+
+
 def test_world_writable_extension_cache_is_replaced_by_a_private_folder(tmp_path, monkeypatch, caplog):
     planted = tmp_path / "shared"
     planted.mkdir()
