@@ -56,11 +56,11 @@ def main() -> int:
         return fail(f"torch {torch.__version__} is a CPU build; `make gpu-check` installs the CUDA build")
     step(f"torch {torch.__version__} (CUDA {torch.version.cuda}), GPU visible: {torch.cuda.is_available()}")
 
-    from ort_hf.engine import cuda, extensions
+    from ort_hf.engine import cuda, cuda_toolkit, extensions
 
-    archs = cuda.gpu_archs()
+    archs = cuda_toolkit.gpu_archs()
     # The wheels are what a GPU machine without a CUDA toolkit builds with: prove that path.
-    os.environ["CUDA_HOME"] = str(cuda.wheel_cuda_home(extensions.extension_dir()))
+    os.environ["CUDA_HOME"] = str(cuda_toolkit.wheel_cuda_home(extensions.extension_dir()))
     step(f"nvcc from NVIDIA's wheels: {os.environ['CUDA_HOME']}")
     built = []
     for name in extensions.EXTENSIONS:

@@ -12,9 +12,7 @@ ORT aborts the whole process (``CUDADriverWrapper() handle != nullptr``) when it
 session on a machine without the NVIDIA driver (``libcuda.so.1``): :func:`require_driver` turns
 that into an error before any CUDA session is built.
 
-For building the CUDA extensions (``torch_gpu_allocator``, ``fused_ops``), :func:`cuda_home`
-finds nvcc: ``$CUDA_HOME``, an ``nvcc`` on ``PATH``, or NVIDIA's nvcc wheels (the ``gpu-build``
-extra), assembled into a CUDA_HOME in the extension cache.
+The toolkit that builds ORT's CUDA extensions is found by ``cuda_toolkit.py``.
 """
 
 from __future__ import annotations
@@ -46,9 +44,6 @@ CUDA11_LIBRARIES = (
 # ORT 1.19.2's CUDA kernels: SASS for these compute capabilities, PTX for the newest (JIT-compiled
 # by the driver on first use for anything newer).
 ORT_SASS_ARCHS = ((6, 0), (6, 1), (7, 0), (7, 5), (8, 0), (8, 6))
-DEFAULT_BUILD_ARCHS = "8.0;9.0"
-NVCC_WHEEL_HINT = ("pip install 'ort_hf[gpu-build]' (NVIDIA's nvcc wheels), or install the CUDA toolkit "
-                   "matching torch and set CUDA_HOME")
 
 _loaded: dict[str, str] = {}
 
@@ -85,16 +80,34 @@ def require_driver() -> None:
         )
 
 
+class _LinkMap(ctypes.Structure):  # the head of glibc's struct link_map (<link.h>)
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]
+
+
+_RTLD_NOLOAD, _RTLD_DI_LINKMAP = 0x4, 2
+
+
 def _already_loaded(soname: str) -> str | None:
+    """The file a lookup of ``soname`` resolves to in this process, or None when none is loaded.
+
+    ``dlopen(soname, RTLD_NOLOAD)`` asks the dynamic loader the question it answers for ORT's
+    provider library: among loaded objects, the first in load order whose name or soname
+    matches (two files of one soname can be loaded; their addresses say nothing of the order)."""
+    libc = ctypes.CDLL(None)
+    libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    handle = libc.dlopen(soname.encode(), _RTLD_NOLOAD | os.RTLD_LAZY)
+    if not handle:
+        return None
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1] if "/" in line else ""
-                if os.path.basename(path) == soname:
-                    return path
-    except OSError:
-        pass
-    return None
+        dlinfo = getattr(libc, "dlinfo", None) or ctypes.CDLL("libdl.so.2").dlinfo  # in libc since glibc 2.34
+        dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        link_map = ctypes.POINTER(_LinkMap)()
+        if dlinfo(ctypes.c_void_p(handle), _RTLD_DI_LINKMAP, ctypes.byref(link_map)) != 0:
+            return None
+        return os.fsdecode(link_map.contents.l_name)
+    finally:
+        libc.dlclose.argtypes = [ctypes.c_void_p]
+        libc.dlclose(ctypes.c_void_p(handle))  # the reference RTLD_NOLOAD took
 
 
 def load_cuda_libraries() -> dict[str, str]:
@@ -142,18 +155,6 @@ def check_provider_links() -> str | None:
         return str(exc)
 
 
-def gpu_archs() -> str:
-    """``TORCH_CUDA_ARCH_LIST`` for building: the environment's, the visible GPUs', or sm_80 + sm_90."""
-    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return os.environ["TORCH_CUDA_ARCH_LIST"]
-    import torch
-
-    if torch.cuda.is_available():
-        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-        return ";".join(f"{major}.{minor}" for major, minor in caps)
-    return DEFAULT_BUILD_ARCHS
-
-
 def arch_note(capability: tuple[int, int]) -> str:
     """What ORT's kernels mean for a GPU of this compute capability."""
     if capability in ORT_SASS_ARCHS:
@@ -163,79 +164,3 @@ def arch_note(capability: tuple[int, int]) -> str:
                 "Blackwell support)")
     return (f"sm_{capability[0]}{capability[1]}: ORT's kernels are JIT-compiled from PTX on first use (minutes; "
             "raise CUDA_CACHE_MAXSIZE so the driver keeps them)")
-
-
-def cuda_home(cache: Path) -> Path:
-    """A CUDA toolkit root with nvcc and headers for torch's extension builds: ``$CUDA_HOME``,
-    the toolkit of the ``nvcc`` on ``PATH``, ``/usr/local/cuda``, else NVIDIA's nvcc wheels."""
-    nvcc = shutil.which("nvcc")
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-                  str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda"]
-    for candidate in candidates:
-        if candidate and _is_toolkit(Path(candidate)):
-            return Path(candidate)
-    return wheel_cuda_home(cache)
-
-
-def _is_toolkit(home: Path) -> bool:
-    return (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists()
-
-
-def wheel_cuda_home(cache: Path) -> Path:
-    """A CUDA_HOME assembled (once, in ``cache``) from NVIDIA's nvcc wheels (the gpu-build extra)."""
-    root = _nvidia_root()
-    wheel = None
-    for folder in ("cu13", "cuda_nvcc"):
-        if root is not None and (root / folder / "bin" / "nvcc").exists():
-            wheel = root / folder
-            break
-    if wheel is None:
-        raise FileNotFoundError(f"No nvcc to build ORT's CUDA extensions: {NVCC_WHEEL_HINT}.")
-    return _assemble_cuda_home(wheel, root, cache)
-
-
-def _assemble_cuda_home(wheel: Path, root: Path, cache: Path) -> Path:
-    """NVIDIA's wheels spread a toolkit over several folders; nvcc finds its root from its own
-    path (so bin/ holds real files or hard links, not symlinks), headers and libraries from
-    include/ and lib64/."""
-    home = cache / f"cuda-home-{_nvcc_version(wheel)}"
-    marker = home / ".complete"
-    if marker.exists():
-        return home
-    if home.exists():
-        shutil.rmtree(home)
-    for folder in ("bin", "include", "lib64", "nvvm"):
-        (home / folder).mkdir(parents=True)
-    for item in (wheel / "bin").iterdir():
-        target = home / "bin" / item.name
-        if item.is_dir():
-            shutil.copytree(item, target)
-        else:
-            try:
-                os.link(item, target)
-            except OSError:
-                shutil.copy2(item, target)
-    for package in sorted(p for p in root.iterdir() if p.is_dir()):
-        for sub, dest in (("include", "include"), ("lib", "lib64"), ("lib64", "lib64"), ("nvvm", "nvvm")):
-            src = package / sub
-            if src.is_dir() and not (package.name == "cudnn" and sub == "include"):
-                for entry in src.iterdir():
-                    link = home / dest / entry.name
-                    if not link.exists():
-                        link.symlink_to(entry)
-    # Linkers look for the unversioned name (-lcudart); the wheels ship only libcudart.so.13.
-    for lib in (wheel / "lib").glob("lib*.so.*"):
-        dev = home / "lib64" / (lib.name.split(".so")[0] + ".so")
-        if not dev.exists():
-            dev.symlink_to(lib)
-    marker.touch()
-    return home
-
-
-def _nvcc_version(wheel: Path) -> str:
-    header = wheel / "include" / "cuda.h"
-    if header.exists():
-        match = re.search(r"#define CUDA_VERSION (\d+)", header.read_text(errors="ignore"))
-        if match:
-            return match.group(1)
-    return "unknown"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._paths import probe_writable
-from . import cuda, trust
+from . import cuda_toolkit, trust
 from .errors import ExtensionBuildError
 
 logger = logging.getLogger(__name__)
@@ -131,15 +131,14 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    if name == "torch_interop_utils":
-        from .interop_port import apply_port
-
-        apply_port(dest)
     if name == "torch_gpu_allocator":
         # ORT's setup.py fills these in for CUDA or ROCm before compiling.
         source = dest / "torch_gpu_allocator.cc"
         source.write_text(source.read_text().replace("___gpu_identifier___", "cuda")
                           .replace("___gpu_allocator_header___", "CUDACachingAllocator"))
+    from .extension_ports import apply_port
+
+    apply_port(name, dest)
     return sorted(p for p in dest.iterdir() if p.suffix in (".cc", ".cpp", ".cu"))
 
 
@@ -166,10 +165,10 @@ def build_extension(name: str, verbose: bool = False):
     base = extension_dir()
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
-    cuda = name in CUDA_EXTENSIONS
+    is_cuda = name in CUDA_EXTENSIONS
     with filelock.FileLock(str(base / f"{name}.lock")):
         sources = _prepare_sources(name, workdir)
-        archs = _cuda_archs() if cuda else ""
+        archs = _cuda_archs() if is_cuda else ""
         build_dir = workdir / f"build-{_digest(sources, archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
@@ -183,33 +182,45 @@ def build_extension(name: str, verbose: bool = False):
         # torch's own build baton: a build killed mid-way leaves it, and every later build then
         # waits on it forever. Under our lock no other build of this extension can be running.
         (build_dir / "lock").unlink(missing_ok=True)
-        print(f"ort_hf: building ORTModule extension {name} (once per torch/ORT version, 1-5 min)...", file=sys.stderr)
-        compiler = os.environ.get("CXX", "c++")
+        toolkit = _cuda_toolkit(base) if is_cuda else None
+        compilers = os.environ.get("CXX", "c++") + (f" and {toolkit.describe()}" if toolkit else "")
+        print(f"ort_hf: building ORTModule extension {name} with {compilers} (once per torch/ORT version, 1-5 min)...",
+              file=sys.stderr)
         try:
-            with _cuda_build_environment(base, archs) if cuda else contextlib.nullcontext() as nvcc:
-                compiler = nvcc or compiler
+            with _cuda_build_environment(toolkit, archs) if toolkit else contextlib.nullcontext():
                 cpp_extension.load(
                     name=name,
                     sources=[str(s) for s in sources],
                     extra_cflags=_CFLAGS,
-                    extra_cuda_cflags=["-O3"] if cuda else None,
+                    extra_cuda_cflags=["-O3"] if is_cuda else None,
                     extra_include_paths=[str(workdir / "src")],
                     build_directory=str(build_dir),
-                    with_cuda=cuda,
+                    with_cuda=is_cuda,
                     verbose=verbose,
                 )
         except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
             import torch
 
-            hint = f" ({cuda.NVCC_WHEEL_HINT})" if cuda else " (a C++17 g++, Python headers, ninja)"
+            needs = (f"for sm {archs}; if the toolkit is at fault: {cuda_toolkit.NVCC_WHEEL_HINT}" if is_cuda
+                     else "it needs a C++17 g++, Python headers and ninja")
             raise ExtensionBuildError(
-                f"Building ORTModule's {name} extension with {compiler} failed against torch {torch.__version__}"
-                f"{hint}: {exc}\nBuild files: {build_dir}. Run `ort-hf doctor` for the toolchain check."
+                f"Building ORTModule's {name} extension with {compilers} against torch {torch.__version__} "
+                f"failed ({needs}). The build said:\n{_build_output(exc)}\nBuild files: {build_dir}. "
+                "Run `ort-hf doctor` for the toolchain check."
             ) from exc
         if not built.exists():
             raise ExtensionBuildError(f"Building {name} produced no shared library at {built}.")
         trust.record(built)
         return _load_so(name, built)
+
+
+def _build_output(exc: BaseException, limit: int = 3000) -> str:
+    """The compiler's own words: torch's loader raises with the build log in its message; its
+    error lines first, then the log's end."""
+    log = str(exc)
+    errors = list(dict.fromkeys(line.strip() for line in log.splitlines() if "error" in line.lower()))[:8]
+    tail = log if len(log) <= limit else "...\n" + log[-limit:]
+    return "\n".join(errors) + ("\n--- end of the build log ---\n" if errors else "") + tail
 
 
 def _cuda_archs() -> str:
@@ -218,24 +229,26 @@ def _cuda_archs() -> str:
     if torch.version.cuda is None:
         raise ExtensionBuildError(f"torch {torch.__version__} is a CPU build: ORT's CUDA extensions need torch's "
                                   "CUDA build (pip install torch==2.13.0 from the default index).")
-    return cuda.gpu_archs()
+    return cuda_toolkit.gpu_archs()
+
+
+def _cuda_toolkit(base: Path) -> cuda_toolkit.Toolkit:
+    import torch
+
+    return cuda_toolkit.find_toolkit(base, torch.version.cuda)
 
 
 @contextlib.contextmanager
-def _cuda_build_environment(base: Path, archs: str):
-    """CUDA_HOME (nvcc) and TORCH_CUDA_ARCH_LIST for one build; yields nvcc's path."""
+def _cuda_build_environment(toolkit: cuda_toolkit.Toolkit, archs: str):
+    """CUDA_HOME and TORCH_CUDA_ARCH_LIST for one build."""
     from torch.utils import cpp_extension
 
-    try:
-        home = cuda.cuda_home(base)
-    except FileNotFoundError as exc:
-        raise ExtensionBuildError(str(exc)) from exc
     saved_env = {k: os.environ.get(k) for k in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST")}
     saved_home = cpp_extension.CUDA_HOME  # read by torch once, at import
-    os.environ.update(CUDA_HOME=str(home), TORCH_CUDA_ARCH_LIST=archs)
-    cpp_extension.CUDA_HOME = str(home)
+    os.environ.update(CUDA_HOME=str(toolkit.home), TORCH_CUDA_ARCH_LIST=archs)
+    cpp_extension.CUDA_HOME = str(toolkit.home)
     try:
-        yield str(home / "bin" / "nvcc")
+        yield
     finally:
         cpp_extension.CUDA_HOME = saved_home
         for key, value in saved_env.items():
@@ -263,12 +276,18 @@ def _load_so(name: str, so: Path):
     return module
 
 
-def load_all() -> dict[str, ExtensionStatus]:
-    """Build/load every extension ORTModule needs here (the CUDA ones where torch sees a GPU);
-    failures are recorded, not raised."""
+def needed_here() -> tuple[str, ...]:
+    """The extensions ORTModule imports on this machine: where torch sees a GPU, ORTModule
+    imports ``torch_gpu_allocator`` whenever it is constructed (GraphExecutionManager.__init__),
+    and ORT's FusedAdam imports ``fused_ops``."""
     import torch
 
-    for name in EXTENSIONS if torch.cuda.is_available() else CPU_EXTENSIONS:
+    return EXTENSIONS if torch.cuda.is_available() else CPU_EXTENSIONS
+
+
+def load_all() -> dict[str, ExtensionStatus]:
+    """Build/load every extension :func:`needed_here`; failures are recorded (see :func:`require`)."""
+    for name in needed_here():
         if name in _status and _status[name].loaded:
             continue
         try:
@@ -278,8 +297,15 @@ def load_all() -> dict[str, ExtensionStatus]:
     return dict(_status)
 
 
-def status() -> dict[str, ExtensionStatus]:
-    return dict(_status)
+def require(name: str):
+    """The loaded extension ``name``; its recorded build error (the compiler's own words) when
+    it failed, instead of the bare ImportError ORT would raise when it imports it."""
+    status = _status.get(name)
+    if status is None or not status.loaded:
+        if status is not None and status.error:
+            raise ExtensionBuildError(status.error)
+        return build_extension(name)
+    return sys.modules[f"{ORT_EXTENSION_PACKAGE}.{name}"]
 
 
 def install_interop_stand_in() -> None:

@@ -20,9 +20,11 @@ def _say_once(message: str) -> None:
 def fused_adamw_cls_and_kwargs(device_type: str, lr: float, betas: tuple[float, float], eps: float):
     """(optimizer class, kwargs) for the Trainer; parameter groups carry weight decay."""
     if device_type == "cuda":
+        from .extensions import require
         from .runtime import ensure_engine
 
         ensure_engine()
+        require("fused_ops")  # its build error, not the ImportError inside FusedAdam
         from onnxruntime.training.optim import AdamWMode, FusedAdam
 
         # ADAMW_TORCH: decoupled weight decay exactly as torch.optim.AdamW (ORT's default
@@ -41,9 +43,12 @@ def apply_fp16_optimizer(optimizer) -> str | None:
     the gradient norm only when the device is CUDA and DeepSpeed's functions are the ones it
     knows (it compares their source with DeepSpeed 0.9.2's); otherwise it leaves the optimizer
     as it was. Returns None when ORT applied them, else ORT's reason for not doing so."""
+    from .extensions import require
     from .runtime import ensure_engine
 
     ensure_engine()
+    if torch.cuda.is_available():
+        require("fused_ops")  # ORT's fused overflow check and norm; its build error, not ORT's ImportError
     from onnxruntime.training.optim.fp16_optimizer import FP16_Optimizer
 
     with warnings.catch_warnings(record=True) as caught:

@@ -59,10 +59,11 @@ def ensure_engine() -> EngineState:
             ortmodule = _import_ortmodule(compat)
         compat.apply_ort_bridges()
         statuses = extensions.load_all()
-        if not statuses["aten_op_executor"].loaded:
-            from .errors import ExtensionBuildError
-
-            raise ExtensionBuildError(statuses["aten_op_executor"].error)
+        # ORTModule cannot be built without these (torch_gpu_allocator: wherever torch sees a GPU);
+        # fused_ops is required only by what uses it (FusedAdam, FP16_Optimizer).
+        for name in ("aten_op_executor", "torch_gpu_allocator"):
+            if name in statuses and not statuses[name].loaded:
+                extensions.require(name)  # raises the build's own error
         pythonop = statuses["torch_interop_utils"].loaded
         if not pythonop:
             warnings.warn(

@@ -1,11 +1,15 @@
-"""Port of ORT 1.19.2's ``torch_interop_utils`` C++ extension to current torch (2.13).
+"""Ports of ORT 1.19.2's torch C++ extensions to current torch (2.13).
+
+``apply_port`` edits a *copy* of an extension's sources (made by ``extensions._prepare_sources``)
+with exact text replacements (``PORTS``); if any expected text is missing the build stops with
+``ExtensionBuildError`` instead of compiling something half-ported.
+
+torch_interop_utils
+-------------------
 
 ``torch_interop_utils`` is what lets ORTModule run custom ``torch.autograd.Function``s as
 PythonOp / PythonOpGrad (ORT's label-sparsity detector is itself such a PythonOp). Its
-sources were written against torch ~2.1 and no longer compile. ``apply_port`` edits a
-*copy* of those sources (made by ``extensions._prepare_sources``) with exact text
-replacements; if any expected text is missing the build stops with ``ExtensionBuildError``
-instead of compiling something half-ported.
+sources were written against torch ~2.1 and no longer compile.
 
 What moved in torch (checked against the torch 2.13 headers and libtorch_python.so exports):
 
@@ -27,6 +31,17 @@ inputs by reading ``THPFunction::dirty_tensors``, which torch clears inside ``ap
 (``_mark_dirty``), so the detection always said "not dirty" and an in-place Function failed
 from its second step ("a leaf Variable that requires grad has been used in an in-place
 operation"). A dirty input's history is rebased onto the Function's node; we compare that.
+
+torch_gpu_allocator
+-------------------
+It hands ORT's CUDA provider the addresses of torch's caching-allocator functions, which ORT
+stores and calls through its own function-pointer types (``gpu_external_alloc`` /
+``gpu_external_free`` / ``gpu_external_empty_cache`` provider options). The empty-cache address
+is ``&c10::cuda::CUDACachingAllocator::emptyCache``, which torch 2.13 declares as
+``void emptyCache(MempoolId_t mempool_id = {0, 0})`` while ORT calls it as ``void()``: a call
+through the wrong type (the pool id would be whatever the registers hold). A wrapper with ORT's
+signature calls it with the default pool instead. alloc and free keep ORT's own ``delegate_*``
+wrappers, whose types are the ones ORT calls.
 """
 
 from __future__ import annotations
@@ -67,7 +82,7 @@ at::Tensor ort_hf_tensor_from_dlpack(PyObject* capsule) {
 }
 """
 
-REPLACEMENTS: tuple[Replacement, ...] = (
+INTEROP_REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement(
         "ctx_pool.h",
         "std::unordered_map<size_t, std::shared_ptr<torch::autograd::Node>> grad_fns_;",
@@ -167,8 +182,37 @@ REPLACEMENTS: tuple[Replacement, ...] = (
 )
 
 
-def apply_port(src_dir: pathlib.Path) -> None:
-    """Apply ``REPLACEMENTS`` in place to the copied ``torch_interop_utils`` sources in ``src_dir``.
+ALLOCATOR_REPLACEMENTS: tuple[Replacement, ...] = (
+    Replacement(
+        "torch_gpu_allocator.cc",
+        """size_t gpu_caching_allocator_empty_cache_address() {
+  // This is useful only if PYTORCH_NO_CUDA_MEMORY_CACHING=1 is not set.
+  return reinterpret_cast<size_t>(&c10::cuda::CUDACachingAllocator::emptyCache);
+}
+""",
+        """// ort_hf port: ORT calls this address as void(); torch's emptyCache takes a MempoolId_t.
+void delegate_empty_cache() {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
+size_t gpu_caching_allocator_empty_cache_address() {
+  // This is useful only if PYTORCH_NO_CUDA_MEMORY_CACHING=1 is not set.
+  return reinterpret_cast<size_t>(&delegate_empty_cache);
+}
+""",
+        "emptyCache(MempoolId_t) called by ORT as void(): hand ORT a wrapper of that type",
+    ),
+)
+
+PORTS: dict[str, tuple[Replacement, ...]] = {
+    "torch_interop_utils": INTEROP_REPLACEMENTS,
+    "torch_gpu_allocator": ALLOCATOR_REPLACEMENTS,
+}
+
+
+def apply_port(name: str, src_dir: pathlib.Path) -> None:
+    """Apply ``PORTS[name]`` in place to the copied sources of extension ``name`` in ``src_dir``
+    (nothing for an extension that needs no port).
 
     Every ``old`` text must occur exactly once; otherwise nothing further is built and
     ``ExtensionBuildError`` names the torch version and the file.
@@ -177,21 +221,21 @@ def apply_port(src_dir: pathlib.Path) -> None:
 
     src_dir = pathlib.Path(src_dir)
     texts: dict[str, str] = {}
-    for rep in REPLACEMENTS:
+    for rep in PORTS.get(name, ()):
         path = src_dir / rep.file
         if rep.file not in texts:
             if not path.is_file():
                 raise ExtensionBuildError(
-                    f"Porting torch_interop_utils to torch {torch.__version__}: {path} is missing "
-                    "(the ORT sources changed); update ort_hf/engine/interop_port.py."
+                    f"Porting {name} to torch {torch.__version__}: {path} is missing "
+                    "(the ORT sources changed); update ort_hf/engine/extension_ports.py."
                 )
             texts[rep.file] = path.read_text()
         count = texts[rep.file].count(rep.old)
         if count != 1:
             raise ExtensionBuildError(
-                f"Porting torch_interop_utils to torch {torch.__version__}: expected text "
+                f"Porting {name} to torch {torch.__version__}: expected text "
                 f"({rep.why}) found {count} times instead of once in {path}; the ORT sources "
-                "changed, update ort_hf/engine/interop_port.py."
+                "changed, update ort_hf/engine/extension_ports.py."
             )
         texts[rep.file] = texts[rep.file].replace(rep.old, rep.new)
     for name, text in texts.items():
