@@ -61,10 +61,10 @@ $(GPU_STAMP): pyproject.toml
 gpu-check: $(GPU_STAMP)
 	MAX_JOBS=2 $(GPU_PY) scripts/gpu_check.py
 
-# For a GPU owner: the tests marked gpu (tests/engine/test_gpu.py), after `ort-hf doctor`.
+# For a GPU owner: `ort-hf doctor`, the tests marked gpu (tests/engine/test_gpu.py), and one file to
+# attach to a bug report, gpu-report.md (scripts/gpu_report.py).
 test-gpu: $(GPU_STAMP)
-	$(GPU_VENV)/bin/ort-hf doctor
-	$(GPU_PY) -m pytest tests -m gpu
+	$(GPU_PY) scripts/gpu_report.py --out gpu-report.md
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) build *.egg-info

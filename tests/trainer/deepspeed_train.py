@@ -1,5 +1,5 @@
 """Train a tiny BERT with ORTTrainer under DeepSpeed ZeRO-1/2, launched by ``torchrun --nproc_per_node 2``
-(gloo, CPU; DeepSpeed's CPU accelerator).
+(gloo on CPU with DeepSpeed's CPU accelerator; nccl on CUDA with --fp16).
 
     torchrun --nproc_per_node 2 tests/trainer/deepspeed_train.py OUT.json --stage 2 [--use_ort false]
         [--module_with_loss false] [--config_optimizer] [--save_steps 5] [--resume CHECKPOINT] [--steps 10]
@@ -31,6 +31,11 @@ from ddp_train import synthetic_dataset, tiny_classifier  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402
+
+
+def _backend(on_cuda: bool) -> str:
+    # ZeRO-2 reduces and gathers CUDA tensors: gloo has no such collectives on GPU (nccl does).
+    return "nccl" if on_cuda else "gloo"
 
 
 def deepspeed_config(stage: int, config_optimizer: bool, fp16: bool = False) -> dict:
@@ -84,7 +89,7 @@ def main() -> None:
         save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
         optim="adamw_torch", disable_tqdm=True, per_device_train_batch_size=cli.batch, use_cpu=not cli.fp16,
         use_ort=use_ort,
-        use_module_with_loss=cli.module_with_loss == "true", ddp_backend="gloo" if deepspeed else None,
+        use_module_with_loss=cli.module_with_loss == "true", ddp_backend=_backend(cli.fp16) if deepspeed else None,
         deepspeed=deepspeed_config(cli.stage, cli.config_optimizer, cli.fp16) if deepspeed else None,
         fp16=cli.fp16,
         # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
