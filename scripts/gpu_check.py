@@ -5,13 +5,17 @@ builds ORT's four torch extensions with nvcc into ort_hf's extension cache and i
 loads ORT's CUDA provider library (every dependency must resolve), then creates a CUDA session
 against a stub driver that reports no device (scripts/stub_libcuda.c), in a child process: the
 provider must load and fail with CUDA's "no CUDA-capable device" error, not a missing library.
-Finally `ort-hf doctor` must exit cleanly on this GPU-less machine. Exits non-zero on any
-failure; the last line says what was proved.
+It reads the compute capabilities ORT's CUDA provider carries (cubins and PTX, with cuobjdump from
+the gpu-build extra) and fails when they differ from what ort_hf records (``cuda.ORT_SASS_ARCHS``,
+``ORT_PTX_ARCHS``: what README and doctor say). Finally `ort-hf doctor` must exit cleanly on this
+GPU-less machine. Exits non-zero on any failure; the last line says what was proved.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +53,22 @@ def fail(message: str) -> int:
     return 1
 
 
+def provider_archs(provider: Path) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(cubin archs, PTX archs) in the provider library, read with cuobjdump."""
+    from ort_hf.engine import cuda_toolkit
+
+    wheel_bin = cuda_toolkit._wheel_nvcc()
+    tool = shutil.which("cuobjdump", path=str(wheel_bin / "bin") if wheel_bin else None) or shutil.which("cuobjdump")
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found: pip install the gpu-build extra (nvidia-cuda-cuobjdump)")
+    found = []
+    for flag in ("--list-elf", "--list-ptx"):
+        listing = subprocess.run([tool, flag, str(provider)], capture_output=True, text=True, check=True).stdout
+        archs = {(int(m[0]), int(m[1:])) for m in re.findall(r"\.sm_(\d\d+)\.(?:cubin|ptx)", listing)}
+        found.append(sorted(archs))
+    return found[0], found[1]
+
+
 def main() -> int:
     import torch
 
@@ -71,6 +91,14 @@ def main() -> int:
             return fail(f"{name}: {exc}")
         built.append(name)
         step(f"{name}: built and imported ({module.__file__}, {time.perf_counter() - start:.0f} s)")
+
+    provider = cuda.provider_library()
+    sass, ptx = provider_archs(provider)
+    named = lambda archs: ", ".join(f"sm_{a}{b}" for a, b in archs)  # noqa: E731
+    step(f"{provider.name} carries cubins for {named(sass)}; PTX for {named(ptx)}")
+    if sass != sorted(cuda.ORT_SASS_ARCHS) or ptx != sorted(cuda.ORT_PTX_ARCHS):
+        return fail(f"ort_hf records cubins {named(cuda.ORT_SASS_ARCHS)} and PTX {named(cuda.ORT_PTX_ARCHS)} "
+                    "(ort_hf/engine/cuda.py, README, doctor): update them to what the binary carries")
 
     # Loading the provider library needs a driver (ORT aborts without one): both the link check
     # and the session run in a child process against the stub driver.
@@ -96,7 +124,8 @@ def main() -> int:
     if doctor.returncode != 0:
         return fail(f"`ort-hf doctor` exited {doctor.returncode} on this GPU-less machine:\n{doctor.stderr[-2000:]}")
 
-    print(f"gpu-check: PASS: built and imported {', '.join(built)} for sm {archs}; every library of ORT's CUDA "
+    print(f"gpu-check: PASS: built and imported {', '.join(built)} for sm {archs}; ORT's CUDA provider carries "
+          f"cubins and PTX for {named(sass)}, as recorded; every library of ORT's CUDA "
           f"provider resolves; with a stub driver the provider loads and reports '{NO_DEVICE}'; ort-hf doctor exits "
           "cleanly without a GPU", flush=True)
     return 0

@@ -230,9 +230,13 @@ def _session_config_per_model(original):
     def get_session_config(self):
         session_options, providers, provider_options = original(self)
         if "CUDAExecutionProvider" in providers:
-            from .cuda import require_driver
+            from .cuda import require_driver, torch_uses_tf32
 
             require_driver()  # without libcuda.so.1, ORT aborts the process instead of raising
+            # ORTModule leaves the provider's use_tf32 at its default (on): fp32 would silently
+            # run in TF32 on Ampere and newer, where torch runs IEEE fp32 unless told otherwise.
+            cuda_options = provider_options[providers.index("CUDAExecutionProvider")]
+            cuda_options["use_tf32"] = "1" if torch_uses_tf32() else "0"
         record = ACTIVE_EXPORT_RECORD.get()
         if record is None:
             return session_options, providers, provider_options

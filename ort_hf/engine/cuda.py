@@ -41,9 +41,11 @@ CUDA11_LIBRARIES = (
     ("libcudnn_adv_train.so.8", "cudnn"),
     ("libcudnn.so.8", "cudnn"),
 )
-# ORT 1.19.2's CUDA kernels: SASS for these compute capabilities, PTX for the newest (JIT-compiled
-# by the driver on first use for anything newer).
+# What onnxruntime-training 1.19.2's libonnxruntime_providers_cuda.so carries, read from the binary
+# by `make gpu-check` (cuobjdump --list-elf / --list-ptx), which fails if it ever reads otherwise:
+# SASS (cubins) for these compute capabilities, and PTX for the same ones.
 ORT_SASS_ARCHS = ((6, 0), (6, 1), (7, 0), (7, 5), (8, 0), (8, 6))
+ORT_PTX_ARCHS = ORT_SASS_ARCHS
 
 _loaded: dict[str, str] = {}
 
@@ -78,6 +80,21 @@ def require_driver() -> None:
             f"ORT was asked for a CUDA session, but this machine has no NVIDIA driver ({DRIVER} does not load). "
             "ORT would abort the process: train on CPU (model and batches on the CPU), or install the driver."
         )
+
+
+def torch_uses_tf32() -> bool:
+    """Whether torch runs fp32 on CUDA in TF32, as ORT's CUDA provider option ``use_tf32`` means it.
+
+    ORT's ``use_tf32`` (default true) is one switch for cuBLAS fp32 GEMMs and cuDNN convolutions
+    (on Ampere and newer); torch 2.13 keeps matmuls in IEEE fp32 by default and convolutions in
+    TF32. ORT follows torch where they agree and stays in IEEE fp32 where they do not. Read through
+    torch's ``fp32_precision`` settings: the legacy ``allow_tf32`` / ``get_float32_matmul_precision``
+    views raise once the new API has been used, and ``set_float32_matmul_precision`` /
+    ``allow_tf32 = True`` are reflected here as well."""
+    import torch
+
+    return (torch.backends.cuda.matmul.fp32_precision == "tf32"
+            and torch.backends.cudnn.conv.fp32_precision == "tf32")
 
 
 class _LinkMap(ctypes.Structure):  # the head of glibc's struct link_map (<link.h>)
@@ -156,11 +173,15 @@ def check_provider_links() -> str | None:
 
 
 def arch_note(capability: tuple[int, int]) -> str:
-    """What ORT's kernels mean for a GPU of this compute capability."""
-    if capability in ORT_SASS_ARCHS:
-        return f"sm_{capability[0]}{capability[1]}: ORT's kernels are compiled for it"
+    """What ORT's kernels (``ORT_SASS_ARCHS`` / ``ORT_PTX_ARCHS``) mean for a GPU of this compute
+    capability. A cubin runs on GPUs of its major version and a minor at least its own."""
+    name = f"sm_{capability[0]}{capability[1]}"
+    runs = [arch for arch in ORT_SASS_ARCHS if arch[0] == capability[0] and arch[1] <= capability[1]]
+    if runs:
+        built = f"sm_{runs[-1][0]}{runs[-1][1]}"
+        return f"{name}: ORT's kernels run from their {built} build" + ("" if built == name else " (same major)")
     if capability >= (10, 0):
-        return (f"sm_{capability[0]}{capability[1]}: not supported (cuDNN 8, which ORT 1.19.2 needs, has no "
-                "Blackwell support)")
-    return (f"sm_{capability[0]}{capability[1]}: ORT's kernels are JIT-compiled from PTX on first use (minutes; "
-            "raise CUDA_CACHE_MAXSIZE so the driver keeps them)")
+        return f"{name}: not supported (cuDNN 8, which ORT 1.19.2 needs, has no Blackwell support)"
+    newest = max(ORT_PTX_ARCHS)
+    return (f"{name}: ORT carries no build for it; the driver JIT-compiles its compute_{newest[0]}{newest[1]} PTX "
+            "on first use (minutes; raise CUDA_CACHE_MAXSIZE so the driver keeps them)")

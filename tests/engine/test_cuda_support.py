@@ -12,8 +12,9 @@ def test_a_cuda_session_without_driver_is_refused_not_aborted():
 
 
 def test_gpu_architectures_are_explained():
-    assert "compiled for it" in cuda.arch_note((8, 0))
-    assert "JIT-compiled from PTX" in cuda.arch_note((9, 0))
+    assert cuda.arch_note((8, 0)) == "sm_80: ORT's kernels run from their sm_80 build"
+    assert cuda.arch_note((8, 9)) == "sm_89: ORT's kernels run from their sm_86 build (same major)"
+    assert "JIT-compiles its compute_86 PTX" in cuda.arch_note((9, 0))
     assert "not supported" in cuda.arch_note((10, 0))
 
 
@@ -40,3 +41,54 @@ def test_library_source_is_the_one_the_loader_resolves_not_the_lowest_address(tm
                  f"print(_already_loaded({soname!r}))")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
         assert out.strip() == str(tmp_path / f"{order[0]}.so")
+
+
+@pytest.fixture
+def torch_precision():
+    """torch's fp32 precision settings, restored after the test (new API only: mixing it with the
+    legacy allow_tf32 view makes torch raise)."""
+    import torch
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    yield matmul, conv
+    matmul.fp32_precision, conv.fp32_precision = saved
+
+
+@pytest.mark.parametrize("matmul_precision, conv_precision, expected", [
+    (None, None, "0"),         # torch 2.13's defaults: IEEE matmuls (TF32 convolutions)
+    ("tf32", None, "1"),       # e.g. torch.set_float32_matmul_precision("high")
+    ("tf32", "ieee", "0"),     # ORT has one switch for both: IEEE where torch is IEEE anywhere
+    ("ieee", "tf32", "0"),
+])
+def test_orts_tf32_follows_torchs_fp32_precision(torch_precision, monkeypatch, matmul_precision, conv_precision,
+                                                expected):
+    """The provider options ort_hf hands ORT's CUDA session (use_tf32 defaults to on in ORT)."""
+    import onnxruntime
+
+    from ort_hf.engine import compat
+
+    matmul, conv = torch_precision
+    if matmul_precision:
+        matmul.fp32_precision = matmul_precision
+    if conv_precision:
+        conv.fp32_precision = conv_precision
+    monkeypatch.setattr(cuda, "require_driver", lambda: None)  # no driver here; nothing is loaded
+
+    def ort_session_config(self):  # what ORTModule's _get_session_config returns on CUDA
+        return (onnxruntime.SessionOptions(), ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                [{"device_id": "0"}, {}])
+
+    _, providers, options = compat._session_config_per_model(ort_session_config)(None)
+    assert options == [{"device_id": "0", "use_tf32": expected}, {}]
+
+
+def test_orts_tf32_follows_the_legacy_switch_too():
+    import subprocess
+    import sys
+
+    probe = ("import torch; from ort_hf.engine.cuda import torch_uses_tf32; a = torch_uses_tf32(); "
+             "torch.set_float32_matmul_precision('high'); b = torch_uses_tf32(); "
+             "torch.set_float32_matmul_precision('highest'); print(a, b, torch_uses_tf32())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True", "False"]
