@@ -47,3 +47,28 @@ def assert_parity(ref_losses, ort_losses, ref_grads, ort_grads, wrapped, loss_at
             continue
         assert got is not None, f"{name}: no gradient from ORT"
         torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def memcpy_nodes(onnx_dir) -> list[str]:
+    """The Memcpy nodes ORT inserted into the execution graphs it saved in ``onnx_dir`` (a run with
+    ``ORTOptions(save_onnx=True, onnx_dir=...)``). On CUDA each one moves a tensor between the CUDA
+    and CPU providers: a node of the data path placed on the CPU. (ORT's deliberate CPU nodes, shape
+    arithmetic, read CPU-side values and need none.) The saved ONNX does not record placements;
+    these nodes are what shows them."""
+    from pathlib import Path
+
+    import onnx
+
+    paths = sorted(Path(onnx_dir).glob("*_execution_model_*.onnx"))
+    assert paths, f"ORT saved no execution model in {onnx_dir}"
+    found = []
+    for path in paths:
+        graphs = [onnx.load(str(path), load_external_data=False).graph]
+        while graphs:
+            graph = graphs.pop()
+            for node in graph.node:
+                if node.op_type.startswith("Memcpy"):
+                    found.append(f"{path.name}: {node.op_type} {node.name} ({', '.join(node.input)})")
+                graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+                graphs.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
+    return found

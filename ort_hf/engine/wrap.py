@@ -234,11 +234,20 @@ class ORTTrainingModule(nn.Module):
         onnx_models = getattr(self._training_manager(), "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
 
+    def _session(self):
+        agent = getattr(self._training_manager(), "_execution_agent", None)
+        return getattr(agent, "_inference_session", None)
+
     def session_providers(self) -> list[str]:
         """The execution providers of the training session (after the first training step)."""
-        agent = getattr(self._training_manager(), "_execution_agent", None)
-        session = getattr(agent, "_inference_session", None)
+        session = self._session()
         return session.get_providers() if session is not None else []
+
+    def cuda_provider_options(self) -> dict[str, str] | None:
+        """The options ORT's CUDA provider runs the training session with (``use_tf32``, ...), as
+        ORT reports them; None without a CUDA session."""
+        session = self._session()
+        return session.get_provider_options().get("CUDAExecutionProvider") if session is not None else None
 
     def session_threading(self) -> dict | None:
         """The training session's intra-op pool as ORT was asked to run it: ``threads`` (0 = ORT's

@@ -92,3 +92,31 @@ def test_orts_tf32_follows_the_legacy_switch_too():
              "torch.set_float32_matmul_precision('highest'); print(a, b, torch_uses_tf32())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True", "False"]
+
+
+def test_memcpy_nodes_are_read_from_orts_saved_execution_model(tmp_path):
+    """What the GPU tests count: on CPU ORT's execution model has none; a Memcpy node, in a
+    subgraph too, is found and named."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+    from parity import memcpy_nodes
+    from tiny_models import FAMILIES, build, make_batch
+
+    from ort_hf.engine import ORTOptions, wrap_model
+
+    wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="disable", log_level="ERROR",
+                                                                 save_onnx=True, onnx_dir=str(tmp_path / "ort")))
+    wrapped.train()
+    wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
+    assert wrapped.engine_status().backend == "ort"
+    assert memcpy_nodes(tmp_path / "ort") == []
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    inner = helper.make_graph([helper.make_node("MemcpyToHost", ["x"], ["y"], name="copy")], "body", [value],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    outer = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=inner, else_branch=inner)], "g",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    (tmp_path / "made").mkdir()
+    onnx.save(helper.make_model(outer), str(tmp_path / "made" / "M_execution_model_training.onnx"))
+    assert memcpy_nodes(tmp_path / "made") == ["M_execution_model_training.onnx: MemcpyToHost copy (x)"] * 2

@@ -1,9 +1,16 @@
-"""CUDA paths: skipped with a reason on machines without a CUDA device (this project's CI)."""
+"""CUDA paths: skipped with a reason on machines without a CUDA device (this project's CI).
+
+Every ORT run here disables fallback, checks that ORT ran on CUDAExecutionProvider, and saves
+ORT's execution graph to count the Memcpy nodes ORT inserted (``parity.memcpy_nodes``): none are
+expected for these BERT graphs, so a node placed on the CPU fails the test with the list.
+"""
+
+import dataclasses
 
 import pytest
 import torch
-from parity import STRICT, assert_parity, run_parity
-from tiny_models import FAMILIES, build, make_batch
+from parity import STRICT, assert_parity, memcpy_nodes, run_parity
+from tiny_models import FAMILIES, SEQ, build, make_batch
 
 pytestmark = [
     pytest.mark.gpu,
@@ -16,46 +23,61 @@ def _cuda_batches(task: str, n: int = 5):
     return [{k: v.cuda() for k, v in make_batch(task, gen).items()} for _ in range(n)]
 
 
-def _on_cuda_provider(wrapped) -> None:
+def _saving(tmp_path):
+    return dataclasses.replace(STRICT, save_onnx=True, onnx_dir=str(tmp_path / "onnx"))
+
+
+def _ran_on_cuda(wrapped, onnx_dir) -> None:
+    status = wrapped.engine_status()
+    assert status.backend == "ort", f"ORT did not run: {status}"
     assert wrapped.session_providers()[0] == "CUDAExecutionProvider", wrapped.session_providers()
+    moved = memcpy_nodes(onnx_dir)
+    assert not moved, "ORT placed nodes of the data path on the CPU:\n" + "\n".join(moved)
 
 
-def test_cuda_training_matches_pytorch():
+def test_cuda_training_matches_pytorch(tmp_path):
+    """fp32 through ORT equals PyTorch's fp32 (ORT's TF32 follows torch's setting: off by default)."""
     fam = FAMILIES["bert-mlm"]
-    result = run_parity(build(fam, attn="sdpa").cuda(), _cuda_batches(fam.task), options=STRICT)
+    result = run_parity(build(fam, attn="sdpa").cuda(), _cuda_batches(fam.task), options=_saving(tmp_path))
     assert_parity(*result)
-    _on_cuda_provider(result[-1])
+    _ran_on_cuda(result[-1], tmp_path / "onnx")
+    assert result[-1].cuda_provider_options()["use_tf32"] == "0"
 
 
-def test_label_sparsity_and_padding_elimination_fire_on_cuda():
+def test_label_sparsity_and_padding_elimination_fire_on_cuda(tmp_path):
+    """ModuleWithLoss computes the loss through an nn.CrossEntropyLoss module (the one ORT's label
+    sparsity hooks); the batch is padded well below ORT's 90% density for padding elimination."""
     from ort_hf.engine import wrap_model
+    from ort_hf.module_with_loss import ModuleWithLoss
 
-    wrapped = wrap_model(build(FAMILIES["bert-mlm"]).cuda(), STRICT)
+    batch = make_batch("mlm", torch.Generator().manual_seed(0))
+    for row, length in enumerate((SEQ, SEQ // 2, SEQ // 4, SEQ // 2)):
+        batch["attention_mask"][row, length:] = 0
+    batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 0)
+    batch["labels"] = batch["labels"].masked_fill(batch["attention_mask"] == 0, -100)
+    wrapped = wrap_model(ModuleWithLoss(build(FAMILIES["bert-mlm"]).cuda()), _saving(tmp_path))
     wrapped.train()
-    wrapped(**_cuda_batches("mlm", 1)[0]).loss.backward()
-    _on_cuda_provider(wrapped)
+    wrapped(**{k: v.cuda() for k, v in batch.items()})["loss"].backward()
+    _ran_on_cuda(wrapped, tmp_path / "onnx")
+    assert wrapped.label_sparsity_fired()
     ops = {node.op_type for node in wrapped.training_graph().graph.node}
     assert "ShrunkenGather" in ops  # label sparsity
     assert "PadAndUnflatten" in ops or "FlattenAndUnpad" in ops  # ORT's padding elimination (CUDA build only)
 
 
 def _trainer(tmp_path, **kw):
-    from datasets import Dataset
-
     from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+    from tiny_models import rule_dataset
 
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 100, (32, 16), generator=gen)
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": (ids[:, 0] > 50).long().tolist()})
+    through_ort = kw.get("use_ort", True) is not False
+    saving = {"ort_save_onnx": True, "ort_onnx_dir": str(tmp_path / "onnx")} if through_ort else {}
     args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=5, per_device_train_batch_size=8, logging_steps=1,
                                 learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", disable_tqdm=True,
-                                ort_fallback="disable", ort_log_level="ERROR", **kw)
-    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
+                                ort_fallback="disable", ort_log_level="ERROR", **saving, **kw)
+    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=rule_dataset(32))
     trainer.train()
-    engine = trainer._ort_engine_module
-    if engine is not None:
-        assert trainer.ort_engine_status().backend == "ort"
-        _on_cuda_provider(engine)
+    if through_ort:
+        _ran_on_cuda(trainer._ort_engine_module, tmp_path / "onnx")
     return trainer
 
 
@@ -86,17 +108,17 @@ def test_memory_stats_and_memory_efficient_gradients_on_cuda(tmp_path):
     assert logged["memory/peak_mb"] > 0 and "memory/allocated_mb" in logged
 
 
-def test_adamw_ort_fused_is_ort_fused_adam_on_cuda():
+def test_adamw_ort_fused_is_ort_fused_adam_on_cuda(tmp_path):
     from ort_hf.trainer import ADAMW_ORT_FUSED, ORTTrainer, ORTTrainingArguments
 
-    args = ORTTrainingArguments(output_dir="/tmp/ort_hf_gpu", optim=ADAMW_ORT_FUSED, report_to=[])
+    args = ORTTrainingArguments(output_dir=str(tmp_path), optim=ADAMW_ORT_FUSED, report_to=[])
     cls, kwargs = ORTTrainer.get_optimizer_cls_and_kwargs(args)
     assert cls.__name__ == "FusedAdam" and int(kwargs["adam_w_mode"]) == 2  # ADAMW_TORCH
 
 
 def test_deepspeed_zero2_fp16_through_ort_matches_plain_deepspeed(tmp_path):
-    """ZeRO-2 with fp16 on one GPU: ORT inside DeepSpeed trains like plain DeepSpeed, and the run
-    logs once whether ORT's FP16_Optimizer swapped in its fused kernels (it does so only for the
+    """ZeRO-2 with fp16 on one GPU (nccl): ORT inside DeepSpeed trains like plain DeepSpeed, and the
+    run logs once whether ORT's FP16_Optimizer swapped in its fused kernels (it does so only for the
     DeepSpeed code it knows)."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
     from pathlib import Path
@@ -106,11 +128,12 @@ def test_deepspeed_zero2_fp16_through_ort_matches_plain_deepspeed(tmp_path):
     script = Path(__file__).resolve().parents[1] / "trainer" / "deepspeed_train.py"
     common = ("--stage", "2", "--fp16", "--module_with_loss", "false")
     run_all({
-        "ort": torchrun(script, tmp_path / "ort.json", *common, nproc=1),
+        "ort": torchrun(script, tmp_path / "ort.json", *common, "--onnx_dir", tmp_path / "onnx", nproc=1),
         "pytorch": torchrun(script, tmp_path / "pt.json", *common, "--use_ort", "false", nproc=1),
     })
     (ort, _), (pt, _) = load_result(tmp_path / "ort.json"), load_result(tmp_path / "pt.json")
-    assert ort["backends"] == ["ort"]
+    assert ort["backends"] == ["ort"] and ort["providers"][0] == "CUDAExecutionProvider"
+    assert memcpy_nodes(tmp_path / "onnx") == []
     assert max(abs(ort["losses"][s] - pt["losses"][s]) for s in pt["losses"]) <= 1e-2
     assert ort["logged_fp16_optimizer"] in ([0.0], [1.0])
     assert ort["fp16_optimizer"] == "applied" or ort["fp16_optimizer"].startswith("Skip modifying optimizer")

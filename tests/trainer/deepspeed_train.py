@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--output_dir", type=Path)
     parser.add_argument("--resume")
     parser.add_argument("--fp16", action="store_true", help="CUDA: DeepSpeed's fp16, ORT's FP16_Optimizer")
+    parser.add_argument("--onnx_dir", type=Path, help="save ORT's graphs there (the GPU test reads placements)")
     cli = parser.parse_args()
     use_ort = cli.use_ort == "true"
     deepspeed = cli.stage > 0
@@ -91,7 +92,7 @@ def main() -> None:
         use_ort=use_ort,
         use_module_with_loss=cli.module_with_loss == "true", ddp_backend=_backend(cli.fp16) if deepspeed else None,
         deepspeed=deepspeed_config(cli.stage, cli.config_optimizer, cli.fp16) if deepspeed else None,
-        fp16=cli.fp16,
+        fp16=cli.fp16, ort_save_onnx=cli.onnx_dir is not None, ort_onnx_dir=str(cli.onnx_dir) if cli.onnx_dir else None,
         # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
         # multiply it by the number of processes when averaging tokens across them.
         average_tokens_across_devices=False,
@@ -101,6 +102,7 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=cli.resume)
 
     backend = trainer._ort_engine_module.engine_status().backend if use_ort else "pytorch"
+    providers = trainer._ort_engine_module.session_providers() if use_ort else []
     backends, fp16_verdict = [backend], None
     if deepspeed:
         from deepspeed import DeepSpeedEngine
@@ -121,7 +123,8 @@ def main() -> None:
         losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
         params = {n: p.detach().contiguous().clone() for n, p in trainer.model.named_parameters()}
         save_file(params, str(cli.out.with_suffix(".safetensors")))
-        result = {"losses": losses, "backends": backends, "world_size": args.world_size, "steps_run": counter.steps,
+        result = {"losses": losses, "backends": backends, "providers": providers, "world_size": args.world_size,
+                  "steps_run": counter.steps,
                   "zero_optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,
                   "fp16_optimizer": fp16_verdict,
                   "logged_fp16_optimizer": [h["ort/fp16_optimizer"] for h in trainer.state.log_history
