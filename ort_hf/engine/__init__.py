@@ -8,6 +8,7 @@ from .options import ORTOptions
 from .runtime import INSTALL_HINT, is_ort_training_available
 
 __all__ = [
+    "BF16_ON_CUDA",
     "EngineStatus",
     "EngineUnavailableError",
     "ExtensionBuildError",
@@ -26,4 +27,8 @@ def __getattr__(name):
         from . import wrap
 
         return getattr(wrap, name)
+    if name == "BF16_ON_CUDA":
+        from .precision import BF16_ON_CUDA
+
+        return BF16_ON_CUDA
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

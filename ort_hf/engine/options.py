@@ -39,6 +39,17 @@ def _opt(default=None, help: str = "", factory=None):
     return field(default=default, metadata={"help": help})
 
 
+# Read in ORT 1.19.2's onnxruntime/training/ort_triton against Triton 3.7.1 (what torch 2.13's CUDA
+# build requires), compiling ORT's generated and hand-written kernels offline to cubins: fused Pow
+# (ORT emits tl.math.pow, gone in Triton 3), fp16/bf16 Gelu/GeluGrad/QuickGelu (tl.erf/tl.exp take
+# fp32 only now), Tanh and flash attention (tl.dot's trans_a/trans_b) fail to compile, and ORT
+# re-raises that at the first step. ORT's CPU build ignores ORTMODULE_USE_TRITON without a word.
+USE_TRITON_REFUSED = (
+    "ORTOptions.use_triton (--ort_use_triton) is refused: ORT 1.19.2's Triton code generator was written for Triton "
+    "2.x and fails to compile common fused kernels (Pow, fp16 Gelu/GeluGrad) with the Triton 3.7 that torch 2.13 "
+    "requires, and ORT's CPU build ignores it. Leave it off: ORT runs those ops with its own CUDA kernels."
+)
+
 @dataclass(frozen=True)
 class ORTOptions:
     """Typed options for one model trained through ORTModule; each field's ``help`` (its
@@ -76,7 +87,8 @@ class ORTOptions:
     enable_custom_autograd: bool = _opt(True, "Run torch.autograd.Function as ORT PythonOp (needed by label "
                                               "sparsity detection and memory-efficient gradients).")
     mem_efficient_grad_mgmt: bool = _opt(False, "Hand each gradient to PyTorch as soon as ORT computes it.")
-    use_triton: bool = _opt(False, "CUDA only: let ORT run some ops through Triton.")
+    use_triton: bool = _opt(False, "Refused when on (see USE_TRITON_REFUSED): ORT's Triton code generator does not "
+                                   "work with the Triton torch 2.13 installs, and ORT's CPU build ignores it.")
     # ORT registers this optimiser process-wide and reads its variable only at import
     # (wrap._enable_efficient_attention): once a model asked for it, later CUDA models get it too.
     use_efficient_attention: bool = _opt(False, "CUDA only: replace the attention subgraph by PyTorch's "
@@ -160,6 +172,8 @@ class ORTOptions:
             folder = getattr(self, name)
             if folder and os.path.exists(folder) and not os.path.isdir(folder):
                 raise ValueError(f"ORTOptions.{name}: {folder!r} is a file, not a folder; give a folder path.")
+        if self.use_triton is True:
+            raise ValueError(USE_TRITON_REFUSED)
         if self.mem_efficient_grad_mgmt and not self.enable_custom_autograd:
             raise ValueError(
                 "ORTOptions.mem_efficient_grad_mgmt needs enable_custom_autograd=True (it runs on PythonOp)."

@@ -20,6 +20,7 @@ from .runtime import EngineState, ensure_engine, register_symbolics
 from .failures import describe_failure
 from .memory_plans import MemoryPlan, plan_key
 from .padding import trim_trailing_padding
+from .precision import check_precision
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,8 @@ class ORTTrainingModule(nn.Module):
                 rows = kwargs["attention_mask"].shape[0]
                 self.padding_stats["kept_tokens"] += kept * rows
                 self.padding_stats["total_tokens"] += total * rows
+        if not self._ran:
+            check_precision(self.module)  # refused loudly, never a fallback
         _set_custom_autograd(self._pythonop)
         token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
         try:

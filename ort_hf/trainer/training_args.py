@@ -149,6 +149,10 @@ class ORTTrainingArguments(TrainingArguments):
         import torch
 
         on_cuda = not self.use_cpu and torch.cuda.is_available()
+        if self.bf16 and on_cuda:
+            from ..engine import BF16_ON_CUDA
+
+            raise ValueError(BF16_ON_CUDA)
         if (self.fp16 or self.bf16) and not on_cuda:
             raise ValueError(
                 f"--{'fp16' if self.fp16 else 'bf16'} with ORT on CPU: ORTTrainer runs ORT under autocast, which "
@@ -176,6 +180,7 @@ class ORTTrainingArguments(TrainingArguments):
             self.gradient_checkpointing = self.activation_checkpointing = False
             if self.ort_memory_opt_level == 0 and not self.ort_memory_opt_plans:
                 self.ort_memory_opt_level = 1
+        self._refuse_what_ort_cannot_run()  # before the parent's own precision checks, so ours is what is said
         super().__post_init__()
         if wants_ort_fused:
             self.optim = ADAMW_ORT_FUSED
@@ -184,7 +189,6 @@ class ORTTrainingArguments(TrainingArguments):
                     "--optim adamw_ort_fused does not support bf16 (ORT's FusedAdam has no bf16 kernel): "
                     "use --optim adamw_torch_fused with --bf16, or --fp16 with adamw_ort_fused."
                 )
-        self._refuse_what_ort_cannot_run()
         self._fit_ddp_to_mem_efficient_gradients()
         check_deepspeed_args(self)
         self._check_compare_steps()

@@ -120,3 +120,19 @@ def test_memcpy_nodes_are_read_from_orts_saved_execution_model(tmp_path):
     (tmp_path / "made").mkdir()
     onnx.save(helper.make_model(outer), str(tmp_path / "made" / "M_execution_model_training.onnx"))
     assert memcpy_nodes(tmp_path / "made") == ["M_execution_model_training.onnx: MemcpyToHost copy (x)"] * 2
+
+
+def test_bf16_on_cuda_is_refused_by_the_engine_before_any_export(monkeypatch):
+    """wrap_model users too (their own autocast): refused loudly, not a fallback, nothing exported."""
+    import torch
+    from tiny_models import FAMILIES, build, make_batch
+
+    from ort_hf.engine import ORTOptions, wrap_model
+
+    wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="auto", log_level="ERROR"))
+    wrapped.train()
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device=None: device == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 with ORT on CUDA"):
+        wrapped(**make_batch("cls", torch.Generator().manual_seed(0)))
+    assert wrapped.engine_status().backend == "not_run"

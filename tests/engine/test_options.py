@@ -25,6 +25,7 @@ BAD_VALUES = [
     ("enable_custom_autograd", "on"),
     ("mem_efficient_grad_mgmt", 1),
     ("use_triton", "1"),
+    ("use_triton", True),
     ("use_efficient_attention", 2),
     ("eval_in_ort", "false"),
     ("intra_op_threads", 0),

@@ -63,7 +63,8 @@ def test_bad_values_name_the_flag(argv, flag):
 
 def test_fused_optimizer_with_bf16_says_what_to_change():
     with pytest.raises(ValueError, match="adamw_torch_fused"):
-        ORTTrainingArguments(output_dir="/tmp/x", optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[])
+        ORTTrainingArguments(output_dir="/tmp/x", optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[],
+                             use_ort=False)
 
 
 def test_gradient_checkpointing_becomes_layerwise_recompute():
@@ -137,6 +138,15 @@ def test_mixed_precision_on_cpu_is_refused_with_what_to_do(flag):
         ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], **{flag: True})
     if flag == "bf16":  # the PyTorch path keeps the Trainer's behaviour
         assert ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], bf16=True, use_ort=False).bf16
+
+
+def test_bf16_with_ort_on_cuda_is_refused_with_what_to_do(monkeypatch):
+    """ORT 1.19.2 has no bfloat16 CUDA kernels for ops bf16 training graphs contain (engine/precision.py)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="bfloat16 with ORT on CUDA.*--fp16 through ORT.*--use_ort false"):
+        ORTTrainingArguments(output_dir="/tmp/x", report_to=[], bf16=True)
 
 
 def test_torch_compile_with_ort_is_refused():
