@@ -11,6 +11,9 @@ _LAZY = {
     "wrap_model": "ort_hf.engine",
     "ORTTrainer": "ort_hf.trainer",
     "ORTTrainingArguments": "ort_hf.trainer",
+    "ORTTrainerMixin": "ort_hf.trainer",
+    "ORTSeq2SeqTrainer": "ort_hf.trainer",
+    "ORTSeq2SeqTrainingArguments": "ort_hf.trainer",
     "ModuleWithLoss": "ort_hf.module_with_loss",
 }
 

@@ -78,7 +78,7 @@ class ORTOptions:
     memory_opt_plans: tuple[str, ...] = _opt(factory=tuple, help="Recompute plans as ORT prints them, "
                                                                  "'cluster:strategy:count' (e.g. BiasGelu+:1:-1).")
     export_cache_dir: str | None = _opt(None, "Cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR; "
-                                              "private to you, checked: see README, Security).")
+                                              "private to you, checked: see docs/security.md).")
     export_cache_shared: bool = _opt(False, "The export cache is shared with a group on purpose: accept group "
                                             "ownership and group write below it (every graph is still checked "
                                             "against its hash).")
