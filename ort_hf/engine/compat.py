@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib
 import sys
+import warnings
 import contextvars
 import threading
 import time
@@ -140,17 +141,23 @@ def without_unused_deepspeed():
     (``training.utils.hooks``, imported at the first export) import it too; that costs every ORT
     run a DeepSpeed import and its "Setting accelerator to CPU" banner. A process that uses
     DeepSpeed has imported it before (transformers does for ``--deepspeed``) and gets ORT's wrapper
-    as before; ORTTrainer replaces activation checkpointing by ORT's recompute in any case. Can go
-    with ORTModule."""
-    if "deepspeed" in sys.modules:
-        yield
-        return
-    sys.modules["deepspeed"] = None  # `import deepspeed` raises ImportError, which ORT suppresses
-    try:
-        yield
-    finally:
-        if sys.modules.get("deepspeed", 0) is None:
-            del sys.modules["deepspeed"]
+    as before; ORTTrainer replaces activation checkpointing by ORT's recompute in any case.
+
+    The ZeRO-3 offload hooks import a DeepSpeed internal that moved
+    (``_apply_to_tensors_only``) and warn "DeepSpeed import error ..." whenever DeepSpeed is
+    installed; ort_hf refuses ZeRO-3, so the hooks never run and the warning, about nothing in
+    the user's run, is not shown. Can go with ORTModule."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DeepSpeed import error", category=UserWarning)
+        if "deepspeed" in sys.modules:
+            yield
+            return
+        sys.modules["deepspeed"] = None  # `import deepspeed` raises ImportError, which ORT suppresses
+        try:
+            yield
+        finally:
+            if sys.modules.get("deepspeed", 0) is None:
+                del sys.modules["deepspeed"]
 
 
 def apply_torch_bridges() -> None:
