@@ -6,7 +6,7 @@ import textwrap
 
 HIDE_ORT = textwrap.dedent(
     """
-    import importlib.abc, sys, time
+    import importlib.abc, sys
     class HideOnnxruntime(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name == "onnxruntime" or name.startswith("onnxruntime."):
@@ -21,18 +21,15 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", HIDE_ORT + textwrap.dedent(code)], capture_output=True, text=True)
 
 
-def test_import_without_onnxruntime_is_quick():
+def test_import_without_onnxruntime_loads_nothing_heavy():
     proc = _run(
         """
-        start = time.perf_counter()
         import ort_hf, ort_hf.engine
-        elapsed = time.perf_counter() - start
-        assert "onnxruntime" not in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
-        print(f"{elapsed:.3f}")
+        heavy = {"onnxruntime", "torch", "transformers", "numpy", "onnx"} & set(sys.modules)
+        assert not heavy, sorted(heavy)
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.strip()) < 0.5
 
 
 def test_first_engine_use_names_the_extra():

@@ -1,5 +1,7 @@
 """--optim adamw_ort_fused on CPU runs torch's fused AdamW and equals adamw_torch step for step."""
 
+import tempfile
+
 import torch
 from tiny_models import FAMILIES, build, make_batch
 
@@ -8,7 +10,7 @@ from ort_hf.trainer import ADAMW_ORT_FUSED, ORTTrainer, ORTTrainingArguments
 
 def _args(optim):
     return ORTTrainingArguments(
-        output_dir="/tmp/ort_hf_optim", optim=optim, learning_rate=1e-3, weight_decay=0.01, report_to=[],
+        output_dir=tempfile.mkdtemp(prefix="ort_hf_optim-"), optim=optim, learning_rate=1e-3, weight_decay=0.01, report_to=[],
         use_cpu=True,
     )
 
