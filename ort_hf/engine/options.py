@@ -15,7 +15,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterator
 
 # ORT 1.19.2 engages label sparsity (and embedding sparsity) only below this share of used
@@ -112,10 +112,6 @@ class ORTOptions:
                                                     "torch.set_num_threads as it is (custom autograd functions with "
                                                     "heavy CPU work); n sets n.")
 
-    @classmethod
-    def help(cls, name: str) -> str:
-        return cls.__dataclass_fields__[name].metadata["help"]
-
     def __post_init__(self) -> None:
         _check_choice("log_level", self.log_level, LOG_LEVELS)
         _check_choice("fallback", self.fallback, FALLBACK_POLICIES)
@@ -186,9 +182,6 @@ class ORTOptions:
     @property
     def mem_reuse_on(self) -> bool:
         return self.memory_optimizer_on if self.enable_mem_reuse is None else self.enable_mem_reuse
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _check_optional_int(name: str, value, minimum: int, allowed: str) -> None:

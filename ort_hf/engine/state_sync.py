@@ -124,8 +124,3 @@ class StatefulForward(nn.Module):
                 factor = 1.0 / float(norm.num_batches_tracked)
             norm.running_mean.mul_(1 - factor).add_(mean.detach().to(norm.running_mean.dtype), alpha=factor)
             norm.running_var.mul_(1 - factor).add_(var.detach().to(norm.running_var.dtype), alpha=factor)
-
-    def remove_hooks(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []

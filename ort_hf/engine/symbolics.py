@@ -82,21 +82,16 @@ _INT64_MAX = 2**63 - 1
 
 
 def _torch_symbolics(opset: int):
-    """torch's own ``symbolic_opset<opset>`` module (moved under ``_internal`` in torch 2.9)."""
+    """torch's own ``symbolic_opset<opset>`` module (under ``_internal`` since torch 2.9)."""
     import importlib
 
-    try:
-        return importlib.import_module(f"torch.onnx._internal.torchscript_exporter.symbolic_opset{opset}")
-    except ImportError:  # torch < 2.9
-        return importlib.import_module(f"torch.onnx.symbolic_opset{opset}")
+    return importlib.import_module(f"torch.onnx._internal.torchscript_exporter.symbolic_opset{opset}")
 
 
 def _helpers():
-    """torch's TorchScript exporter helpers (moved under ``_internal`` in torch 2.9)."""
-    try:
-        from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
-    except ImportError:  # torch < 2.9
-        from torch.onnx import _type_utils, symbolic_helper  # type: ignore[no-redef]
+    """torch's TorchScript exporter helpers (under ``_internal`` since torch 2.9)."""
+    from torch.onnx._internal.torchscript_exporter import _type_utils, symbolic_helper
+
     return symbolic_helper, _type_utils
 
 
