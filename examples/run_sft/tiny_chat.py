@@ -1,7 +1,9 @@
-"""A chat model built in code, offline: a byte-level tokenizer with a ChatML template (assistant turns
-inside ``{% generation %}`` markers, for TRL's ``assistant_only_loss``) and a small Qwen2 sized to it.
+"""A chat model built in code, offline: a tokenizer with a ChatML template (assistant turns inside
+``{% generation %}`` markers, for TRL's ``assistant_only_loss``) and a small Qwen2 or Llama sized to it.
 
-No hub download: every byte is a token (256 of them) plus three ChatML special tokens.
+No hub download. The tokenizer is byte-level (every byte a token, 256 of them) or takes the
+vocabulary of a local ``tokenizer.json`` (the packaged MiniLM's: 30,522 WordPiece tokens, a
+realistic LM-head width), plus three ChatML special tokens.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """Byte-level tokenizer (vocabulary 259) with the ChatML template above; pad and eos are ChatML's."""
+def build_tokenizer(vocabulary_from: str | None = None) -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer with the ChatML template above (pad and eos are ChatML's): byte-level (vocabulary
+    259), or with the vocabulary of the ``tokenizer.json`` file ``vocabulary_from`` (its special-token
+    wrapping such as BERT's [CLS] ... [SEP] left out, so a prompt's tokens prefix its completion's)."""
     specials = [PAD, IM_START, IM_END]
-    vocab = {token: i for i, token in enumerate(specials + list(bytes_to_unicode().values()))}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    if vocabulary_from:
+        tokenizer = Tokenizer.from_file(str(vocabulary_from))
+        tokenizer.post_processor = None
+    else:
+        vocab = {token: i for i, token in enumerate(specials + list(bytes_to_unicode().values()))}
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(specials)
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END,
                                                 chat_template=CHAT_TEMPLATE)

@@ -154,10 +154,13 @@ class ORTTrainingArguments(TrainingArguments):
                 "it is left unset), or in mixed precision in PyTorch with --use_ort false."
             )
 
-    def _ort_on_cpu(self) -> bool:
+    def _on_cpu(self) -> bool:
         import torch
 
-        return bool(self.use_ort) and (self.use_cpu or not torch.cuda.is_available())
+        return self.use_cpu or not torch.cuda.is_available()
+
+    def _ort_on_cpu(self) -> bool:
+        return bool(self.use_ort) and self._on_cpu()
 
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no
@@ -166,9 +169,10 @@ class ORTTrainingArguments(TrainingArguments):
         if wants_ort_fused:
             self.optim = "adamw_torch"
         self.use_ort = _engine_choice(self.use_ort)
-        if getattr(self, "bf16", False) is None and self._ort_on_cpu():
+        if getattr(self, "bf16", False) is None and self._on_cpu():
             # TRL's configs declare bf16=None for "bf16 unless fp16"; ORT's CPU kernels have no bfloat16, so
-            # left unset it means fp32 where ORT trains on CPU (an explicit bf16=True is refused below).
+            # left unset it means fp32 on CPU (an explicit bf16=True is refused below), with --use_ort false
+            # too, so that an A/B run compares like with like.
             self.bf16 = False
         if self.ort_compare_steps is None:
             self.ort_compare_steps = AUTO_COMPARE_STEPS if self.use_ort == "auto" else 0

@@ -99,6 +99,7 @@ def test_what_ort_cannot_run_is_refused_before_training(option, value, tmp_path)
                       processing_class=tokenizer)
 
 
-def test_unset_bf16_means_fp32_where_ort_trains_on_cpu(tmp_path):
+def test_unset_bf16_means_fp32_on_cpu(tmp_path):
     assert trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True).bf16 is True  # TRL's default
     assert ORTSFTConfig(output_dir=str(tmp_path), use_cpu=True).bf16 is False
+    assert ORTSFTConfig(output_dir=str(tmp_path), use_cpu=True, use_ort=False).bf16 is False  # A/B alike
