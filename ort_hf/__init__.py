@@ -12,6 +12,11 @@ _LAZY = {
     "ORTTrainer": "ort_hf.trainer",
     "ORTTrainingArguments": "ort_hf.trainer",
     "ModuleWithLoss": "ort_hf.module_with_loss",
+    # TRL's trainers (the trl extra); ort_hf.trl says what to install when TRL is missing.
+    "ORTSFTTrainer": "ort_hf.trl",
+    "ORTSFTConfig": "ort_hf.trl",
+    "ORTDPOTrainer": "ort_hf.trl",
+    "ORTDPOConfig": "ort_hf.trl",
 }
 
 

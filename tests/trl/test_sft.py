@@ -86,6 +86,9 @@ def test_the_mixin_on_sft_trainer_gets_ort_sft_config(tmp_path):
     trainer = MySFTTrainer(build_model(tokenizer), config, train_dataset=_data("prompt-completion"),
                            processing_class=tokenizer)
     assert type(trainer.args) is ORTSFTConfig and trainer.args.max_length == 32
+    import ort_hf
+
+    assert ort_hf.ORTSFTConfig is ORTSFTConfig  # exported lazily from the package too
     assert trainer._fused_head is not None and trainer._fused_head.outputs == ("log_probs", "entropy", "is_top1")
 
 
