@@ -15,6 +15,11 @@ _LAZY = {
     "ORTSeq2SeqTrainer": "ort_hf.trainer",
     "ORTSeq2SeqTrainingArguments": "ort_hf.trainer",
     "ModuleWithLoss": "ort_hf.module_with_loss",
+    # TRL's trainers (the trl extra); ort_hf.trl says what to install when TRL is missing.
+    "ORTSFTTrainer": "ort_hf.trl",
+    "ORTSFTConfig": "ort_hf.trl",
+    "ORTDPOTrainer": "ort_hf.trl",
+    "ORTDPOConfig": "ort_hf.trl",
 }
 
 

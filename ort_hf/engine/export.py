@@ -70,14 +70,17 @@ def export_inference_onnx(
     device = next(model.parameters()).device
     model.eval().to("cpu")
     wrapper = _NamedOutputs(model, names).eval()  # the exporter restores this mode on the model after export
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in names if cpu_inputs[name].dim() >= 2}
+    # An encoder-decoder's decoder inputs have their own length (an axis of one name must be one size).
+    axis = {name: "decoder_sequence" if name.startswith("decoder_") else "sequence" for name in names}
+    dynamic = {name: {0: "batch", 1: axis[name]} for name in names if cpu_inputs[name].dim() >= 2}
     try:
         with torch.no_grad():
             sample_outputs = wrapper.outputs(*(cpu_inputs[n] for n in names))
         wrapper.output_names = list(sample_outputs)
-        seq = next((cpu_inputs[n].shape[-1] for n in names if cpu_inputs[n].dim() >= 2), None)
-        for name, value in sample_outputs.items():  # per-token outputs follow the sequence length
-            dynamic[name] = {0: "batch", 1: "sequence"} if value.dim() >= 2 and value.shape[1] == seq else {0: "batch"}
+        lengths = {cpu_inputs[n].shape[1]: axis[n] for n in reversed(names) if cpu_inputs[n].dim() >= 2}
+        for name, value in sample_outputs.items():  # per-token outputs follow their input's sequence length
+            length = value.shape[1] if value.dim() >= 2 else None
+            dynamic[name] = {0: "batch", 1: lengths[length]} if length in lengths else {0: "batch"}
         with torch.no_grad():
             torch.onnx.export(
                 wrapper, tuple(cpu_inputs[n] for n in names), str(path), input_names=names,

@@ -29,22 +29,11 @@ from .checks import (check_output_dir_writable, check_token_ids, check_train_dat
 from .deepspeed import prepare_deepspeed
 from .neftune import use_exportable_neftune
 from .first_step import record_memory_plans, why_no_label_sparsity
-from .training_args import ADAMW_ORT_FUSED, ORTTrainingArguments
+from ..trl.fused_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
+from .trainer_args import bind_trainer_arguments, parent_init
+from .training_args import ADAMW_ORT_FUSED
 
 logger = logging.getLogger(__name__)
-
-# ORT 1.19.2 fires label sparsity when fewer than this share of labels are used.
-
-
-def _as_ort_args(args: TrainingArguments | None, cls: type) -> ORTTrainingArguments:
-    if args is None:
-        return cls(output_dir="trainer_output")
-    if isinstance(args, cls):
-        return args
-    # A plain TrainingArguments keeps every value it was given, with ORT defaults added.
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    return cls(**values)
-
 
 class ORTTrainerMixin:
     """The ORT hooks, for ``Trainer`` and its subclasses (``ORTTrainer``, ``ORTSeq2SeqTrainer``).
@@ -53,10 +42,14 @@ class ORTTrainerMixin:
     the plain model in PyTorch unless ``ort_eval_in_ort``.
     """
 
-    ort_args_class: type = ORTTrainingArguments
+    # The arguments class the parent gets; None: the parent's own config class with the ORT options
+    # added (trainer_args.ort_args_class_for: ORTTrainingArguments for Trainer, ORTSFTConfig for SFTTrainer).
+    ort_args_class: type | None = None
 
-    def __init__(self, model=None, args=None, *pargs, **kwargs):
-        super().__init__(model, _as_ort_args(args, self.ort_args_class), *pargs, **kwargs)
+    def __init__(self, *args, **kwargs):
+        # Bound to the parent's own signature (DPOTrainer's second parameter is ref_model, not args).
+        args, kwargs = bind_trainer_arguments(parent_init(self, ORTTrainerMixin), self.ort_args_class, args, kwargs)
+        super().__init__(*args, **kwargs)
         self._ort_engine_module = None  # the ORTTrainingModule of the current train() attempt
         self._ort_train_model = None  # what _wrap_model returned (DDP outside it when distributed)
         self._ort_eval_module = None
@@ -66,6 +59,7 @@ class ORTTrainerMixin:
         self._loss_module: ModuleWithLoss | None = None  # inside the engine module when use_module_with_loss
         self._label_sparsity_checked = False
         self._seeded_step, self._micro_step = -1, 0
+        self._fused_head = fused_head_of(self.model, self.args)  # TRL's fused LM head (SFTTrainer, DPOTrainer...)
         self._add_default_callbacks()
 
     def _add_default_callbacks(self) -> None:
@@ -145,12 +139,17 @@ class ORTTrainerMixin:
         engine = self._ort_engine_module
         if engine is None or self.is_deepspeed_enabled or self.args.parallel_mode == ParallelMode.DISTRIBUTED:
             return False
-        target = engine.module.model if isinstance(engine.module, ModuleWithLoss) else engine.module
-        wants_loss_module = self.args.use_module_with_loss
+        wrapper = engine.module is self._loss_module and self._loss_module is not None
+        target = engine.module.model if wrapper else engine.module
+        wants_wrapper = self.args.use_module_with_loss or self._fused_head is not None
         return (target is self.model and engine.options == options and engine.engine_status().backend == "ort"
-                and isinstance(engine.module, ModuleWithLoss) == wants_loss_module)
+                and wrapper == wants_wrapper)
 
     def _training_target(self) -> nn.Module:
+        if self._fused_head is not None:
+            # TRL's trainer calls the model for its fused head: exported as plain ops, on the used rows only.
+            self._loss_module = FusedLMHeadModule(self.model, self._fused_head)
+            return self._loss_module
         if not self.args.use_module_with_loss:
             self._loss_module = None
             return self.model
@@ -196,26 +195,13 @@ class ORTTrainerMixin:
         ``logits``, or ``start_logits`` / ``end_logits``, ...) plus its config and tokenizer files
         to ``output_dir``; each output is checked in onnxruntime against PyTorch's (atol 1e-4)
         before this returns. ``sample_inputs`` defaults to one batch of the
-        eval (or train) dataset. ``opset_version`` is the inference model's ONNX opset; it is not
+        eval (or train) dataset; the inputs the trainer treats as labels (``label_names``, the
+        model's label arguments such as ``start_positions``) are left out, and an encoder-decoder gets
+        the ``decoder_input_ids`` of its labels. ``opset_version`` is the inference model's ONNX opset; it is not
         ``--ort_opset_version``, which is the training export's (16, for ORT's optimiser)."""
-        from ..engine.export import export_inference_onnx
+        from .onnx_export import export_trained_onnx
 
-        if sample_inputs is None:
-            dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
-            if isinstance(dataset, dict):
-                dataset = next(iter(dataset.values()))
-            loader = self.get_eval_dataloader(dataset) if dataset is not None else None
-            if loader is None:
-                raise ValueError("export_onnx needs sample_inputs or a train/eval dataset to take one batch from.")
-            sample_inputs = next(iter(loader))
-        batches = [dict(sample_inputs)]
-        half = {k: v[: max(1, len(v) // 2)] for k, v in sample_inputs.items() if torch.is_tensor(v)}
-        path = export_inference_onnx(self.model, batches[0], output_dir, opset_version,
-                                     check_inputs=[half])  # a second batch size checks the dynamic axes
-        self.model.config.save_pretrained(output_dir)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-        return str(path)
+        return export_trained_onnx(self, output_dir, sample_inputs, opset_version)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         # Under DeepSpeed the parent reads the weights through DeepSpeed's engine, whose module is
@@ -245,18 +231,8 @@ class ORTTrainerMixin:
         if not self._label_sparsity_checked:
             self._place_loss(inputs, num_items_in_batch)  # before the first forward: it decides what ORT exports
         self._reseed_ort()
-        module = self._loss_module
-        if num_items_in_batch is not None and module.takes_num_items:
-            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        # ModuleWithLoss computes what the parent would (label smoothing, compute_loss_func, the
-        # model's loss); the parent only reads outputs["loss"] and scales it across devices under
-        # the condition it would use for that loss.
-        hooks = {"label_smoother": None, "compute_loss_func": None,
-                 "model_accepts_loss_kwargs": self.model_accepts_loss_kwargs or self.compute_loss_func is not None}
-        runner = model if module.loss_in_graph else LossInPyTorch(model, module)
         try:
-            with _replaced(self, **hooks):
-                loss = super().compute_loss(runner, inputs, False, num_items_in_batch)
+            loss = self._compute_loss_through_engine(model, inputs, num_items_in_batch)
         except RuntimeError as exc:
             last = last_complete_checkpoint(self.args.output_dir)
             raise RuntimeError(
@@ -270,6 +246,23 @@ class ORTTrainerMixin:
             self._report_first_step(labels)
         return loss
 
+    def _compute_loss_through_engine(self, model, inputs: dict, num_items_in_batch):
+        module = self._loss_module
+        if isinstance(module, FusedLMHeadModule):
+            # The parent's own compute_loss (TRL's), calling the engine for its fused head.
+            self._fused_caller = FusedHeadCaller(model)
+            return super().compute_loss(self._fused_caller, inputs, False, num_items_in_batch)
+        if num_items_in_batch is not None and module.takes_num_items:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        # ModuleWithLoss computes what the parent would (label smoothing, compute_loss_func, the
+        # model's loss); the parent only reads outputs["loss"] and scales it across devices under
+        # the condition it would use for that loss.
+        hooks = {"label_smoother": None, "compute_loss_func": None,
+                 "model_accepts_loss_kwargs": self.model_accepts_loss_kwargs or self.compute_loss_func is not None}
+        runner = model if module.loss_in_graph else LossInPyTorch(model, module)
+        with _replaced(self, **hooks):
+            return super().compute_loss(runner, inputs, False, num_items_in_batch)
+
     def _place_loss(self, inputs: dict, num_items_in_batch) -> None:
         """Which loss the graph computes (``loss_choice``), and for ModuleWithLoss's cross-entropy,
         inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits.
@@ -278,6 +271,8 @@ class ORTTrainerMixin:
         nothing to drop, and ORT's CPU cross-entropy kernel over every position is slower than
         PyTorch's."""
         module, mode = self._loss_module, self.args.ort_loss_in_graph
+        if not isinstance(module, ModuleWithLoss):
+            return  # TRL's fused head: its statistics are computed in the graph, on the used rows only
         labels = inputs.get("labels")
         choice = choose_loss(module, inputs, num_items_in_batch)
         module.use(choice)
@@ -324,7 +319,10 @@ class ORTTrainerMixin:
                         "the first batch kept %.1f%% of its token positions.",
                         100 * stats["kept_tokens"] / stats["total_tokens"])
         module = self._loss_module
-        if (labels is None or labels.dim() < 2 or status.backend != "ort" or not module.loss_in_graph
+        if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
+            self._pending_ort_logs.update(head_rows_report(engine.training_graph(), module, self._fused_caller))
+        if (not isinstance(module, ModuleWithLoss) or labels is None or labels.dim() < 2 or status.backend != "ort"
+                or not module.loss_in_graph
                 or module.loss_kind != CROSS_ENTROPY):
             return  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove
         density = self._loss_module.label_density(labels)  # as the loss sees them (after a causal shift)

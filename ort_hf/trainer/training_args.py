@@ -146,19 +146,25 @@ class ORTTrainingArguments(TrainingArguments):
                 "uncompiled model, so torch.compile would never run. Choose one: drop --torch_compile, or "
                 "--use_ort false to train with torch.compile in PyTorch."
             )
-        import torch
-
-        on_cuda = not self.use_cpu and torch.cuda.is_available()
-        if self.bf16 and on_cuda:
+        if self.bf16 and not self._on_cpu():
             from ..engine import BF16_ON_CUDA
 
             raise ValueError(BF16_ON_CUDA)
-        if (self.fp16 or self.bf16) and not on_cuda:
+        if (self.fp16 or self.bf16) and self._on_cpu():
             raise ValueError(
                 f"--{'fp16' if self.fp16 else 'bf16'} with ORT on CPU: ORTTrainer runs ORT under autocast, which "
                 "exports a half-precision graph, and ORT 1.19's CPU kernels have no float16/bfloat16 MatMul. Train "
-                "in fp32 through ORT (drop the flag), or in mixed precision in PyTorch with --use_ort false."
+                "in fp32 through ORT (drop the flag, or pass bf16=False to a TRL config, which turns bf16 on when "
+                "it is left unset), or in mixed precision in PyTorch with --use_ort false."
             )
+
+    def _on_cpu(self) -> bool:
+        import torch
+
+        return self.use_cpu or not torch.cuda.is_available()
+
+    def _ort_on_cpu(self) -> bool:
+        return bool(self.use_ort) and self._on_cpu()
 
     def __post_init__(self):
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no
@@ -167,6 +173,17 @@ class ORTTrainingArguments(TrainingArguments):
         if wants_ort_fused:
             self.optim = "adamw_torch"
         self.use_ort = _engine_choice(self.use_ort)
+        if getattr(self, "bf16", False) is None and self._on_cpu():
+            # TRL's configs declare bf16=None for "bf16 unless fp16"; ORT's CPU kernels have no bfloat16, so
+            # left unset it means fp32 on CPU (an explicit bf16=True is refused below), with --use_ort false
+            # too, so that an A/B run compares like with like.
+            self.bf16 = False
+        if getattr(self, "bf16", False) is None and self.use_ort and not self.fp16:
+            from ..engine import BF16_ON_CUDA
+
+            # On CUDA, TRL's __post_init__ would turn it into bf16, which ORT cannot train (see BF16_ON_CUDA).
+            raise ValueError(f"{BF16_ON_CUDA} TRL's configs turn bf16 on when it is left unset: pass fp16=True "
+                             "(or bf16=False for fp32).")
         if self.ort_compare_steps is None:
             self.ort_compare_steps = AUTO_COMPARE_STEPS if self.use_ort == "auto" else 0
         self._refuse_fsdp()

@@ -64,3 +64,22 @@ def test_every_head_exports_its_outputs_by_name(head, tmp_path):
         expected = model(**batch)
     for name, value in zip(HEADS[head], got):
         np.testing.assert_allclose(value, expected[name].numpy(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("head", ["question-answering", "sequence-classification", "token-classification",
+                                  "multiple-choice", "causal-lm", "seq2seq-t5"])
+def test_default_export_after_each_head_leaves_out_its_label_inputs(head, tmp_path):
+    """trainer.export_onnx(dir) with the default sample batch: no label input (labels, start_positions /
+    end_positions) reaches the inference model; an encoder-decoder takes the decoder inputs instead."""
+    from test_heads import HEADS, _data
+
+    make_model, kind, _ = HEADS[head]
+    data = _data(kind)
+    trainer = ORTTrainer(model=make_model(), args=ORTTrainingArguments(output_dir=str(tmp_path / "run"), report_to=[],
+                                                                       per_device_eval_batch_size=4),
+                         train_dataset=data)
+    path = trainer.export_onnx(str(tmp_path / "onnx"))  # checks onnxruntime against PyTorch itself
+    names = {i.name for i in onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()}
+    labels = {"labels", "start_positions", "end_positions"}
+    assert names and not names & labels and names <= set(data.column_names) | {"decoder_input_ids"}, names
+    assert ("decoder_input_ids" in names) == (kind == "s2s")

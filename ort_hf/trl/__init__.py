@@ -1,0 +1,32 @@
+"""TRL through ORT: ``ORTSFTTrainer`` / ``ORTSFTConfig`` and ``ORTDPOTrainer`` / ``ORTDPOConfig``.
+
+Needs ``pip install 'ort_hf[trl]'``; importing ``ort_hf.trl`` is cheap, TRL is imported when one
+of these names is first used.
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "ORTSFTConfig": "ort_hf.trl.configs",
+    "ORTDPOConfig": "ort_hf.trl.configs",
+    "ORTSFTTrainer": "ort_hf.trl.trainers",
+    "ORTDPOTrainer": "ort_hf.trl.trainers",
+}
+INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:
+            if exc.name == "trl":
+                raise ImportError(f"ort_hf.trl.{name}: {INSTALL_HINT}") from exc
+            raise
+        return getattr(module, name)
+    raise AttributeError(f"module 'ort_hf.trl' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

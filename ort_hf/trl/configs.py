@@ -1,0 +1,38 @@
+"""``ORTSFTConfig`` and ``ORTDPOConfig``: TRL's configs with the ORT options (``--ort_*``, ``--use_ort``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trl import DPOConfig, SFTConfig
+
+from ..trainer.training_args import ORTTrainingArguments
+
+
+def _refuse_without_loss_module(args) -> None:
+    if args.use_ort and not args.use_module_with_loss:
+        raise ValueError("use_module_with_loss=False with a TRL trainer: through ORT, TRL's fused LM head is always "
+                         "computed by a module around the model (ort_hf/trl/fused_head.py). Drop the flag.")
+
+
+@dataclass
+class ORTSFTConfig(ORTTrainingArguments, SFTConfig):
+    """``SFTConfig`` for :class:`ORTSFTTrainer`, plus every ``ORTTrainingArguments`` option.
+
+    Defaults are TRL's, except where ORT trains on CPU: ``bf16`` left unset means fp32 there (ORT's
+    CPU kernels have no bfloat16), and ``gradient_checkpointing`` (TRL's default: on) becomes ORT's
+    layer-wise recompute, as with every ORT trainer."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _refuse_without_loss_module(self)
+
+
+@dataclass
+class ORTDPOConfig(ORTTrainingArguments, DPOConfig):
+    """``DPOConfig`` for :class:`ORTDPOTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
+    :class:`ORTSFTConfig`'s)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _refuse_without_loss_module(self)

@@ -1,0 +1,215 @@
+"""TRL's fused LM head, computed inside the ORT graph on the non-ignored positions only.
+
+TRL 1.16 (``trl.trainer.utils.add_fused_lm_head``) patches the model so that
+``model(..., labels=..., fused_lm_head=True)`` returns per-token log-probabilities (and, on request,
+entropy, ``log(sum p^2)``, mean logit, whether the label is the top-1 token) instead of logits. Its
+kernel is a custom autograd Function with Python loops over tiles, which ORT cannot export. Here
+the same outputs come from plain tensor ops that export: the backbone's hidden states, the rows
+whose next-token label is not -100 gathered (``NonZero`` + ``Gather`` in the graph), the vocabulary
+projection and the softmax statistics on those rows only, and the results put back in place
+(zero on ignored positions, as TRL's). The projection never runs on an ignored position, so ORT
+never builds the ``(batch, seq, vocab)`` logits: the label-sparsity idea, done in the graph.
+
+The head's settings (temperature, soft-capping, logit scale, fp32 head, which outputs) are read
+from the forward TRL installed, so they are TRL's decision for this model, not a copy of its rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..module_with_loss.module_with_loss import IGNORE_INDEX, base_model
+
+# Per-token outputs TRL's head can compute (FusedCausalLMOutput fields besides log_probs).
+OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+_SETTINGS = ("temperature", "cast_lm_head_to_fp32", "outputs", "final_logit_softcapping", "logit_scale",
+             "backbone_attr", "text_config")
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """What ``add_fused_lm_head`` was told (or derived from the config) for one model."""
+
+    temperature: float
+    cast_lm_head_to_fp32: bool
+    outputs: tuple[str, ...]
+    final_logit_softcapping: float | None
+    logit_scale: float
+    backbone_attr: str
+    moe_router_logits: bool  # the config asks for router logits (TRL then adds the load-balancing loss)
+
+
+def trl_head_settings(model: nn.Module) -> HeadSettings:
+    """The settings of the fused head TRL added to ``model`` (the transformers model, inside any
+    PEFT wrapper). Raises if TRL added none, or its head is not the one this code matches."""
+    func = getattr(vars(model).get("forward"), "__func__", None)
+    code = getattr(func, "__code__", None)
+    if code is None or code.co_name != "_fused_forward":
+        raise ValueError(f"{type(model).__name__} has no TRL fused LM head (trl.trainer.utils.add_fused_lm_head): "
+                         "the ORT TRL trainers compute the head TRL's trainers add in their __init__.")
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in func.__closure__ or ())))
+    missing = [name for name in _SETTINGS if name not in cells]
+    if missing or not set(cells["outputs"]) <= {"log_probs", *OPTIONAL_OUTPUTS}:
+        raise RuntimeError(f"TRL's fused LM head is not the one ort_hf matches (written against trl 1.16; missing "
+                           f"{missing or 'none'}, outputs {cells.get('outputs')}): install trl 1.16, or train with "
+                           "the plain TRL trainer.")
+    return HeadSettings(
+        temperature=float(cells["temperature"]), cast_lm_head_to_fp32=bool(cells["cast_lm_head_to_fp32"]),
+        outputs=tuple(cells["outputs"]), final_logit_softcapping=cells["final_logit_softcapping"],
+        logit_scale=float(cells["logit_scale"]), backbone_attr=cells["backbone_attr"],
+        moe_router_logits=bool(getattr(cells["text_config"], "output_router_logits", False)),
+    )
+
+
+class FusedLMHeadModule(nn.Module):
+    """The trainer's model (PEFT or not) with TRL's fused head swapped for :func:`fused_head_forward`
+    while it runs: what ORT exports. Called as TRL calls the model (``fused_lm_head=True``, labels);
+    returns TRL's ``FusedCausalLMOutput``."""
+
+    def __init__(self, model: nn.Module, settings: HeadSettings):
+        super().__init__()
+        self.model = model
+        self.settings = settings
+
+    def forward(self, **inputs):
+        with _exportable_head(base_model(self.model), self.settings):
+            return self.model(**inputs)
+
+
+@contextlib.contextmanager
+def _exportable_head(model: nn.Module, settings: HeadSettings):
+    trl_forward = vars(model)["forward"]
+
+    def forward(self, *args, fused_lm_head=False, **kwargs):
+        if not fused_lm_head:
+            return trl_forward(*args, **kwargs)
+        return fused_head_forward(self, settings, *args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+    try:
+        yield
+    finally:
+        model.forward = trl_forward
+
+
+def fused_head_forward(model: nn.Module, settings: HeadSettings, *args, labels=None, shift_labels=None,
+                       num_items_in_batch=None, **kwargs):
+    """TRL's ``_fused_forward`` (``fused_lm_head=True``) in ops ORT exports: the vocabulary projection
+    and the softmax statistics on the non-ignored rows only."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    kwargs["use_cache"] = False
+    hidden = getattr(model, settings.backbone_attr)(*args, **kwargs).last_hidden_state
+    if shift_labels is None:
+        hidden, labels = hidden[:, :-1], labels[:, 1:]
+    else:
+        labels = shift_labels
+    mask = labels != IGNORE_INDEX
+    flat_mask = mask.reshape(-1)
+    used = flat_mask.nonzero().squeeze(-1)  # the positions whose label counts
+    # One more row (position 0's) so the gather back below has a row to read even when no label counts.
+    rows = torch.cat([used, used.new_zeros(1)])
+    hidden_rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
+    targets = labels.reshape(-1).clamp(min=0).index_select(0, rows)
+    per_row = _row_statistics(model.get_output_embeddings(), hidden_rows, targets, settings)
+    # Back in place: the k-th used position reads row k; ignored positions are zeroed by the mask (a
+    # Gather and a Mul, whose gradients ORT has; a zero constant in the graph would be given one).
+    slot = (flat_mask.long().cumsum(0) - 1).clamp(min=0)
+    per_token = {}
+    for name, value in per_row.items():
+        value = value.index_select(0, slot).view(mask.shape)
+        per_token[name] = value & mask if value.dtype == torch.bool else value * mask.to(value.dtype)
+    log_probs = per_token["log_probs"]
+    count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+    return FusedCausalLMOutput(loss=-log_probs.sum() / count, label_mask=mask, **per_token)
+
+
+def _row_statistics(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                    settings: HeadSettings) -> dict[str, torch.Tensor]:
+    """TRL's per-token outputs for ``hidden`` rows (N, H) and their ``targets`` (N,)."""
+    weight, bias = lm_head.weight, lm_head.bias
+    autocast = contextlib.nullcontext()
+    if settings.cast_lm_head_to_fp32:
+        hidden = hidden.float()
+        autocast = torch.autocast(hidden.device.type, enabled=False)
+    with autocast:
+        logits = nn.functional.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
+    z = logits.float()  # TRL folds its tiles in float32
+    if settings.logit_scale != 1.0:
+        z = z * settings.logit_scale
+    if settings.final_logit_softcapping is not None:
+        z = settings.final_logit_softcapping * torch.tanh(z / settings.final_logit_softcapping)
+    if settings.temperature != 1.0:
+        z = z / settings.temperature
+    log_p = torch.log_softmax(z, dim=-1)
+    out = {"log_probs": log_p.gather(1, targets.unsqueeze(1)).squeeze(1)}
+    if "entropy" in settings.outputs:
+        out["entropy"] = -(log_p.exp() * log_p).sum(-1)
+    if "log_sum_sq_probs" in settings.outputs:
+        out["log_sum_sq_probs"] = torch.logsumexp(2 * log_p.detach(), dim=-1)
+    if "mean_logits" in settings.outputs:
+        out["mean_logits"] = z.detach().mean(-1)
+    if "is_top1" in settings.outputs:
+        # argmax takes the first maximum, as TRL's kernel does (a tie with an earlier token is not top-1)
+        out["is_top1"] = z.detach().argmax(-1) == targets
+    return out
+
+
+def fused_head_of(model: nn.Module, args) -> HeadSettings | None:
+    """The settings of TRL's fused LM head on ``model`` (through any PEFT wrapper), or None when
+    it has none. Refuses, before training, what the graph does not compute."""
+    base = base_model(model)
+    code = getattr(getattr(vars(base).get("forward"), "__func__", None), "__code__", None)
+    if code is None or code.co_name != "_fused_forward" or not args.use_ort:
+        return None
+    if args.ort_eval_in_ort:
+        raise ValueError("--ort_eval_in_ort with TRL's fused LM head: evaluation runs TRL's head in PyTorch; "
+                         "drop the flag (training still runs through ORT).")
+    settings = trl_head_settings(base)
+    if settings.moe_router_logits:
+        raise ValueError(f"{type(base).__name__} asks for MoE router logits (TRL adds the load-balancing loss to the "
+                         "fused head's): not computed through ORT by ort_hf. Pass router_aux_loss_coef=0.0 to the "
+                         "config, or train with the plain TRL trainer (use_ort=False).")
+    return settings
+
+
+class FusedHeadCaller:
+    """The engine module as TRL's ``compute_loss`` calls it. On CPU the engine drops trailing
+    all-padding columns before ORT runs (their labels are -100); the per-token outputs are given
+    those columns back, as zeros, which is what TRL's head returns there."""
+
+    def __init__(self, engine_module: nn.Module):
+        self.engine_module = engine_module
+        self.label_density: float | None = None  # share of the label positions the head computed, last call
+
+    def __call__(self, **inputs):
+        outputs = self.engine_module(**inputs)
+        self.label_density = float(outputs["label_mask"].float().mean())
+        labels = inputs.get("shift_labels")
+        width = labels.shape[-1] if labels is not None else inputs["labels"].shape[-1] - 1
+        for name in ("log_probs", "label_mask", *OPTIONAL_OUTPUTS):
+            value = outputs.get(name)
+            if value is not None and value.shape[-1] < width:
+                outputs[name] = torch.cat([value, value.new_zeros(*value.shape[:-1], width - value.shape[-1])], dim=-1)
+        return outputs
+
+
+def head_weight_name(module: nn.Module) -> str:
+    """The parameter name of the LM head's weight in ``module`` (a ``FusedLMHeadModule``), as ORT's
+    graph names it (tied weights carry the first name)."""
+    weight = base_model(module.model).get_output_embeddings().weight
+    return next(name for name, param in module.named_parameters(remove_duplicate=True) if param is weight)
+
+
+def head_rows_report(graph, module: FusedLMHeadModule, caller: FusedHeadCaller) -> dict[str, float]:
+    """One-time facts for the logs: the share of label positions the head computed (first batch),
+    and whether the graph ORT built runs the vocabulary projection on those rows only (read from it)."""
+    from .graph_check import projection_on_gathered_rows
+
+    return {"ort/head_label_density": round(caller.label_density, 4),
+            "ort/head_on_used_rows": float(projection_on_gathered_rows(graph, head_weight_name(module)))}

@@ -1,0 +1,78 @@
+"""ORTTrainerMixin mixed into a Trainer subclass with its own parameter order and its own config
+class (the shapes of TRL's DPOTrainer and SFTTrainer), without TRL: arguments reach the parent's
+parameters by name, and the parent gets its own config class with the ORT options added."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+
+import pytest
+from tiny_models import FAMILIES, build, rule_dataset
+from transformers import Trainer, TrainingArguments
+
+from ort_hf.trainer import ORTTrainerMixin, ORTTrainingArguments
+from ort_hf.trainer.trainer_args import ort_args_class_for
+
+
+@dataclass
+class RecipeConfig(TrainingArguments):
+    beta: float = field(default=0.1, metadata={"help": "A recipe's own option."})
+
+
+class RecipeTrainer(Trainer):
+    """As DPOTrainer: a second positional parameter before ``args``, and any other arguments class
+    rebuilt as its own (which would drop ORT's options)."""
+
+    def __init__(self, model, ref_model=None, args: RecipeConfig | TrainingArguments | None = None, **kwargs):
+        if args is not None and not isinstance(args, RecipeConfig):
+            args = RecipeConfig(**{k: v for k, v in args.to_dict().items() if k in RecipeConfig.__dataclass_fields__})
+        self.ref_model = ref_model
+        super().__init__(model=model, args=args, **kwargs)
+
+
+class ORTRecipeTrainer(ORTTrainerMixin, RecipeTrainer):
+    pass
+
+
+def _make(tmp_path, *args, **kwargs):
+    return ORTRecipeTrainer(*args, train_dataset=rule_dataset(8), **kwargs)
+
+
+def test_positional_arguments_reach_the_parents_own_parameters(tmp_path):
+    model, ref = build(FAMILIES["bert-cls"]), build(FAMILIES["bert-cls"])
+    config = RecipeConfig(output_dir=str(tmp_path), beta=0.3, report_to=[])
+    trainer = _make(tmp_path, model, ref, config)  # DPOTrainer(model, ref_model, args) order
+    assert trainer.ref_model is ref and trainer.model is model
+    assert isinstance(trainer.args, RecipeConfig) and isinstance(trainer.args, ORTTrainingArguments)
+    assert trainer.args.beta == 0.3 and trainer.args.ort_fallback == "auto"
+
+
+@pytest.mark.parametrize("given", ["recipe", "plain", "ort", "none"])
+def test_the_parent_gets_its_own_config_class_with_the_ort_options(tmp_path, given):
+    common = dict(output_dir=str(tmp_path), report_to=[], learning_rate=3e-4)
+    args = {"recipe": lambda: RecipeConfig(beta=0.5, **common), "plain": lambda: TrainingArguments(**common),
+            "ort": lambda: ORTTrainingArguments(ort_fallback="disable", **common), "none": lambda: None}[given]()
+    trainer = _make(tmp_path, build(FAMILIES["bert-cls"]), args=args)
+    assert type(trainer.args) is ort_args_class_for(RecipeConfig)
+    assert trainer.args.beta == (0.5 if given == "recipe" else 0.1)
+    if given != "none":
+        assert trainer.args.learning_rate == 3e-4  # every value given is kept
+    assert trainer.args.ort_fallback == ("disable" if given == "ort" else "auto")
+    assert pickle.loads(pickle.dumps(trainer.args)).beta == trainer.args.beta  # the Trainer saves its args
+
+
+def test_a_wrong_call_gets_the_parents_own_error(tmp_path):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such'"):
+        ORTRecipeTrainer(build(FAMILIES["bert-cls"]), no_such=1)
+
+
+def test_plain_trainer_keeps_its_named_classes():
+    from transformers import Seq2SeqTrainingArguments
+
+    from ort_hf.trainer import ORTSeq2SeqTrainingArguments
+
+    assert ort_args_class_for(TrainingArguments) is ORTTrainingArguments
+    assert ort_args_class_for(Seq2SeqTrainingArguments) is ORTSeq2SeqTrainingArguments
+    with pytest.raises(TypeError, match="not a TrainingArguments"):
+        ort_args_class_for(dict)

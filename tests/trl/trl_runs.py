@@ -1,0 +1,55 @@
+"""Plain TRL trainer vs its ORT counterpart from the same seed, on the tiny chat model of
+examples/run_sft (a byte-level tokenizer with a ChatML template and a small Qwen2, built in code)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "run_sft"))
+from tiny_chat import build_model, build_tokenizer  # noqa: E402
+
+STEPS = 8
+
+
+def common_args(out, lora: bool, **extra) -> dict:
+    # bf16 and gradient checkpointing off in both runs: TRL turns them on by default, and the plain
+    # trainer would then train in bf16 on CPU, which ORT refuses.
+    return dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, logging_steps=1, seed=0,
+                learning_rate=1e-2 if lora else 1e-3, report_to=[], save_strategy="no", disable_tqdm=True, bf16=False,
+                gradient_checkpointing=False, use_cpu=True, **extra)
+
+
+def lora_config(**options):
+    import peft
+
+    return peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                           task_type="CAUSAL_LM", **options)
+
+
+def logged(trainer, keys) -> list[dict]:
+    rows = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(rows) == STEPS, f"{len(rows)} logged steps"
+    return [{k: h[k] for k in keys} for h in rows]
+
+
+def assert_same_logs(reference: list[dict], ours: list[dict], atol: float = 1e-4) -> None:
+    for step, (a, b) in enumerate(zip(reference, ours), 1):
+        for key, value in a.items():
+            assert abs(value - b[key]) <= atol, f"step {step} {key}: {value} vs {b[key]}"
+
+
+def assert_ort_trained_on_used_rows(trainer) -> dict:
+    """ORT ran (fallback disabled) and its graph runs the vocabulary projection on the gathered rows."""
+    status = trainer.ort_engine_status()
+    assert status.backend == "ort" and trainer.args.ort_fallback == "disable", status
+    facts = next(h for h in trainer.state.log_history if "ort/export_s" in h)
+    assert facts["ort/head_on_used_rows"] == 1.0, facts
+    assert 0 < facts["ort/head_label_density"] < 1, facts
+    return facts
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
