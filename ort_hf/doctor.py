@@ -90,8 +90,7 @@ def run_doctor() -> int:
         import torch
 
         from .engine import EngineUnavailableError, ExtensionBuildError
-        from .engine.extensions import extension_dir
-        from .engine.runtime import ensure_engine
+        from .engine import ensure_engine, extension_dir
 
         try:
             import onnxruntime

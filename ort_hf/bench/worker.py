@@ -80,7 +80,7 @@ def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
 
 
 def _trimmed(collate):
-    from ..engine.padding import trim_trailing_padding
+    from ..engine import trim_trailing_padding
 
     return lambda rows: trim_trailing_padding(collate(rows))[0]
 

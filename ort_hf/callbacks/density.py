@@ -10,7 +10,7 @@ import torch
 
 from .observer import BatchObserver, all_reduce_sum
 
-from ..engine.options import SPARSITY_THRESHOLD
+from ..engine import SPARSITY_THRESHOLD
 from ..module_with_loss.module_with_loss import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)

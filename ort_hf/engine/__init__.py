@@ -1,34 +1,45 @@
-"""The engine boundary: the only package of ort_hf that talks to onnxruntime.training.
+"""The engine boundary: the only package of ort_hf that talks to onnxruntime.training; the rest of
+ort_hf imports from here, never from the modules behind it.
 
-Importing it is cheap; ORTModule is brought up on the first :func:`wrap_model`.
+Importing it is cheap; ORTModule is brought up on the first :func:`wrap_model`. Names whose
+modules import torch are loaded on first access.
 """
 
 from .errors import EngineUnavailableError, ExtensionBuildError, ORTFallbackError
-from .options import ORTOptions
-from .runtime import INSTALL_HINT, is_ort_training_available
+from .options import SPARSITY_THRESHOLD, ORTOptions
+from .runtime import INSTALL_HINT, ensure_engine, is_ort_training_available
+
+# name -> the engine module that defines it (imports torch, or transformers).
+_LAZY = {
+    "wrap_model": "wrap",
+    "ORTTrainingModule": "wrap",
+    "EngineStatus": "wrap",
+    "BF16_ON_CUDA": "precision",
+    "INFERENCE_OPSET": "export",
+    "export_inference_onnx": "export",
+    "fused_adamw_cls_and_kwargs": "optim",
+    "apply_fp16_optimizer": "optim",
+    "LoadBalancingBatchSampler": "sampler",
+    "trim_trailing_padding": "padding",
+    "extension_dir": "extensions",
+}
 
 __all__ = [
-    "BF16_ON_CUDA",
-    "EngineStatus",
     "EngineUnavailableError",
     "ExtensionBuildError",
     "INSTALL_HINT",
     "ORTFallbackError",
     "ORTOptions",
-    "ORTTrainingModule",
+    "SPARSITY_THRESHOLD",
+    "ensure_engine",
     "is_ort_training_available",
-    "wrap_model",
+    *_LAZY,
 ]
 
 
 def __getattr__(name):
-    # wrap.py imports torch; keep `import ort_hf.engine` free of it until needed.
-    if name in ("wrap_model", "ORTTrainingModule", "EngineStatus"):
-        from . import wrap
+    if name in _LAZY:
+        import importlib
 
-        return getattr(wrap, name)
-    if name == "BF16_ON_CUDA":
-        from .precision import BF16_ON_CUDA
-
-        return BF16_ON_CUDA
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,7 +47,7 @@ def prepare_deepspeed(trainer, engine_module):
 
 
 def _apply_fp16_optimizer(trainer) -> None:
-    from ..engine.optim import apply_fp16_optimizer
+    from ..engine import apply_fp16_optimizer
 
     reason = apply_fp16_optimizer(trainer.optimizer)
     trainer._pending_ort_logs["ort/fp16_optimizer"] = float(reason is None)

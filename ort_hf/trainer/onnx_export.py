@@ -35,7 +35,7 @@ def inference_inputs(model, batch: dict, label_names) -> dict[str, torch.Tensor]
 
 def export_trained_onnx(trainer, output_dir: str, sample_inputs: dict | None, opset_version: int) -> str:
     """What ``ORTTrainerMixin.export_onnx`` documents."""
-    from ..engine.export import export_inference_onnx
+    from ..engine import export_inference_onnx
 
     if sample_inputs is None:
         dataset = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset

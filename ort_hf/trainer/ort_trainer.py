@@ -19,10 +19,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.training_args import ParallelMode
 
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
-from ..engine import ORTOptions, wrap_model
-from ..engine.export import INFERENCE_OPSET
-from ..engine.options import SPARSITY_THRESHOLD
-from ..engine.optim import fused_adamw_cls_and_kwargs
+from ..engine import INFERENCE_OPSET, SPARSITY_THRESHOLD, ORTOptions, fused_adamw_cls_and_kwargs, wrap_model
 from ..module_with_loss import CROSS_ENTROPY, LossInPyTorch, ModuleWithLoss, choose_loss
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
@@ -348,7 +345,7 @@ class ORTTrainerMixin:
     def _get_train_sampler(self, train_dataset=None):
         if not (self.args.use_ort and self.args.ort_load_balancing_sampler):
             return super()._get_train_sampler(train_dataset)
-        from ..engine.sampler import LoadBalancingBatchSampler
+        from ..engine import LoadBalancingBatchSampler
 
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return LoadBalancingBatchSampler(dataset, self.args.per_device_train_batch_size, self.args.world_size,

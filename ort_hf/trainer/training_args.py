@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from transformers import TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from ..engine.options import ORTOptions
+from ..engine import ORTOptions
 from .deepspeed import check_deepspeed_args
 
 logger = logging.getLogger(__name__)
