@@ -111,7 +111,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             traceback.print_exc()
             return {"status": "failed", "reason": _reason(exc)}
         history = trainer.state.log_history
-        engine_module = trainer._ort_engine_module
+        engine_module = trainer.ort_engine
         threading = engine_module.session_threading() if engine_module is not None else None
     warm = settings.warmup_steps
     seconds = timer.cycles[warm:]

@@ -48,7 +48,7 @@ class BreakEvenCallback(TrainerCallback):
         return None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        engine = self.trainer._ort_engine_module
+        engine = self.trainer.ort_engine
         index = state.global_step - self._first_step
         if engine is not None and engine.engine_status().backend == "ort":
             if index == self.steps + 1:
@@ -80,7 +80,7 @@ class BreakEvenCallback(TrainerCallback):
         to_pytorch = auto and saved < 0
         if auto:
             logs["ort/auto_chose_pytorch"] = float(to_pytorch)
-        self.trainer._pending_ort_logs.update(logs)
+        self.trainer.add_ort_logs(logs)
         if to_pytorch:
             engine.finish_in_pytorch()
         after = f"paid back after {break_even} steps" if saved > 0 else "never paid back: PyTorch is faster here"

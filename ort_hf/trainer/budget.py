@@ -105,7 +105,7 @@ class MemoryBudgetController(TrainerCallback):
         self._step_start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        engine = self.trainer._ort_engine_module
+        engine = self.trainer.ort_engine
         if self.done or engine is None:
             return
         self.steps_at_rung += 1
@@ -122,10 +122,10 @@ class MemoryBudgetController(TrainerCallback):
     def _decide(self, args, engine) -> None:
         options = engine.options
         peak = max(self.peaks)
-        batch = self.trainer._train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
+        batch = self.trainer.state.train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
         seconds = sorted(self.step_seconds)[len(self.step_seconds) // 2] if self.step_seconds else None
         entry = {
-            "batch_size": self.trainer._train_batch_size,
+            "batch_size": self.trainer.state.train_batch_size,
             "memory_opt_level": options.memory_opt_level,
             "memory_opt_plans": list(options.memory_opt_plans),
             "peak_mb": round(peak, 1),
@@ -180,27 +180,28 @@ class MemoryBudgetController(TrainerCallback):
             + (f", {t['samples_per_s']:.2f} samples/s" if t["samples_per_s"] else "")
             for t in self.history
         )
-        if not fits and self.trainer.args.auto_find_batch_size and self.trainer._train_batch_size > 1:
+        if not fits and self.trainer.args.auto_find_batch_size and self.trainer.state.train_batch_size > 1:
             self._restore_for_retry()
             logger.warning("ort_hf: memory budget %.0f MB: batch %d does not fit at any recompute level "
                            "(tried %s); retrying with a smaller batch.", self.budget_mb,
-                           self.trainer._train_batch_size, tried)
+                           self.trainer.state.train_batch_size, tried)
             raise BudgetExceeded(
                 f"ort_hf: measured peak above --ort_memory_budget_mb={self.budget_mb:.0f} at every recompute level "
-                f"for batch {self.trainer._train_batch_size}: treated as out of memory."
+                f"for batch {self.trainer.state.train_batch_size}: treated as out of memory."
             )
         logger.warning(
             "ort_hf: memory budget %.0f MB: %s (tried %s).", self.budget_mb,
-            f"{chosen} fits at batch {self.trainer._train_batch_size} with a peak of {peak:.0f} MB" if fits
+            f"{chosen} fits at batch {self.trainer.state.train_batch_size} with a peak of {peak:.0f} MB" if fits
             else f"no recompute configuration fits (lowest peak {min(t['peak_mb'] for t in self.tried):.0f} MB); "
             "lower the batch size or add --auto_find_batch_size",
             tried,
         )
-        logs = self.trainer._pending_ort_logs
-        logs["memory/budget_level"] = float(options.memory_opt_level)
-        logs["memory/budget_plans"] = float(len(options.memory_opt_plans))
-        logs["memory/budget_fits"] = float(fits)
-        logs["memory/budget_batch_size"] = float(self.trainer._train_batch_size)
+        self.trainer.add_ort_logs({
+            "memory/budget_level": float(options.memory_opt_level),
+            "memory/budget_plans": float(len(options.memory_opt_plans)),
+            "memory/budget_fits": float(fits),
+            "memory/budget_batch_size": float(self.trainer.state.train_batch_size),
+        })
 
     def _restore_for_retry(self) -> None:
         # Steps already taken at the batch that does not fit must not leak into the retry.

@@ -50,7 +50,7 @@ def _apply_fp16_optimizer(trainer) -> None:
     from ..engine import apply_fp16_optimizer
 
     reason = apply_fp16_optimizer(trainer.optimizer)
-    trainer._pending_ort_logs["ort/fp16_optimizer"] = float(reason is None)
+    trainer.add_ort_logs({"ort/fp16_optimizer": float(reason is None)})
     if reason is None:
         logger.info("ort_hf: ORT's FP16_Optimizer runs DeepSpeed's overflow check and gradient norm in fused kernels.")
     else:

@@ -182,6 +182,16 @@ class ORTTrainerMixin:
             self._ort_eval_module = wrap_model(self.model, options)
         return self._ort_eval_module
 
+    @property
+    def ort_engine(self):
+        """The ORT training module (``ORTTrainingModule``) of the current ``train()`` attempt, or
+        None when training has not started or does not use ORT."""
+        return self._ort_engine_module
+
+    def add_ort_logs(self, logs: dict[str, float]) -> None:
+        """Values for the next training log, once: facts about this run's graph (callbacks add theirs)."""
+        self._pending_ort_logs.update(logs)
+
     def ort_engine_status(self):
         """What ran the last training attempt (``EngineStatus``), or None when ORT was not used."""
         return None if self._ort_engine_module is None else self._ort_engine_module.engine_status()

@@ -41,7 +41,7 @@ def test_ort_trainer_logs_density_and_memory(tmp_path):
                          args=ORTTrainingArguments(**_common(tmp_path), ort_fallback="disable", ort_log_level="ERROR"),
                          train_dataset=data)
     trainer.train()
-    assert trainer._ort_engine_module.engine_status().backend == "ort"
+    assert trainer.ort_engine.engine_status().backend == "ort"
     history = _history(trainer)
     assert len(history) == STEPS
     first, later = history[0], history[1:]

@@ -77,7 +77,7 @@ def _trainer(tmp_path, **kw):
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=rule_dataset(32))
     trainer.train()
     if through_ort:
-        _ran_on_cuda(trainer._ort_engine_module, tmp_path / "onnx")
+        _ran_on_cuda(trainer.ort_engine, tmp_path / "onnx")
     return trainer
 
 
@@ -90,7 +90,7 @@ def test_fp16_through_ort_matches_pytorch_fp16(tmp_path):
     pt = _trainer(tmp_path / "pt", fp16=True, use_ort=False)
     assert max(abs(a - b) for a, b in zip(_losses(ort), _losses(pt))) <= 1e-2
     # The autocast graph was exported: float16 casts inside (TensorProto.FLOAT16 == 10).
-    casts = [n for n in ort._ort_engine_module.training_graph().graph.node if n.op_type == "Cast"]
+    casts = [n for n in ort.ort_engine.training_graph().graph.node if n.op_type == "Cast"]
     assert any(a.name == "to" and a.i == 10 for n in casts for a in n.attribute)
 
 
@@ -103,7 +103,7 @@ def test_adamw_ort_fused_trains_like_torch_adamw(tmp_path):
 
 def test_memory_stats_and_memory_efficient_gradients_on_cuda(tmp_path):
     trainer = _trainer(tmp_path, ort_mem_efficient_grad_mgmt=True)
-    assert trainer._ort_engine_module.mem_efficient_grad_active() is True
+    assert trainer.ort_engine.mem_efficient_grad_active() is True
     logged = next(h for h in trainer.state.log_history if "loss" in h)
     assert logged["memory/peak_mb"] > 0 and "memory/allocated_mb" in logged
 

@@ -32,7 +32,7 @@ def test_a_roomy_budget_starts_heavy_then_drops_recompute(tmp_path):
     ctl = _controller(trainer)
     # level 2 measured, ORT's plan table says no recompute fits too: one re-export, measured again
     assert ctl.done and [t["memory_opt_level"] for t in ctl.tried] == [2, 0]
-    assert trainer._ort_engine_module.options.memory_opt_level == 0
+    assert trainer.ort_engine.options.memory_opt_level == 0
     assert trainer.ort_engine_status().export_count == 2
 
 
@@ -42,7 +42,7 @@ def test_an_impossible_budget_stops_at_the_heaviest_rung_and_says_so(tmp_path, c
         trainer.train()
     ctl = _controller(trainer)
     assert [t["memory_opt_level"] for t in ctl.tried] == [2]  # nothing lighter can fit if level 2 does not
-    assert trainer._ort_engine_module.options.memory_opt_level == 2
+    assert trainer.ort_engine.options.memory_opt_level == 2
     status = trainer.ort_engine_status()
     assert status.backend == "ort" and status.export_count == 1
     said = [r.getMessage() for r in caplog.records if "memory budget" in r.getMessage()]
@@ -110,8 +110,9 @@ class _FakeEngine:
 
 def _decide(budget, engine, peaks):
     """Feed measured peaks (one per rung tried) to a controller; return it."""
-    trainer = types.SimpleNamespace(_train_batch_size=8, _pending_ort_logs={},
-                                    args=types.SimpleNamespace(auto_find_batch_size=False))
+    logged = {}
+    trainer = types.SimpleNamespace(state=types.SimpleNamespace(train_batch_size=8), add_ort_logs=logged.update,
+                                    args=types.SimpleNamespace(auto_find_batch_size=False), logged=logged)
     ctl = MemoryBudgetController(trainer, budget, observer=None)
     args = types.SimpleNamespace(gradient_accumulation_steps=1, world_size=1)
     for peak in peaks:
@@ -147,7 +148,7 @@ def test_a_lighter_rung_that_does_not_fit_after_all_goes_back_to_the_one_that_di
     ctl = _decide(2000, engine, [1000, 2500])  # estimated 1,360 MB, measured 2,500 MB
     assert [_rung_of(o) for o in engine.reconfigured] == ["level 0", "level 2"]
     assert ctl.done and ctl.reexports == 2 and engine.options.memory_opt_level == 2
-    assert ctl.trainer._pending_ort_logs["memory/budget_fits"] == 1.0
+    assert ctl.trainer.logged["memory/budget_fits"] == 1.0
 
 
 def _rung_of(options):

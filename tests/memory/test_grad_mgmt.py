@@ -33,7 +33,7 @@ def _run(minilm_dir, data, out, on: bool):
     trainer = ORTTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     assert trainer.ort_engine_status().backend == "ort"
-    assert trainer._ort_engine_module.mem_efficient_grad_active() is on  # read from ORT's graph
+    assert trainer.ort_engine.mem_efficient_grad_active() is on  # read from ORT's graph
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, hooks.calls
 

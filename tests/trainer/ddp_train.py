@@ -95,10 +95,10 @@ def main() -> None:
         assert isinstance(trainer._ort_train_model, torch.nn.parallel.DistributedDataParallel), type(
             trainer._ort_train_model
         )
-        assert trainer._ort_train_model.module is trainer._ort_engine_module
-    backend = trainer._ort_engine_module.engine_status().backend
+        assert trainer._ort_train_model.module is trainer.ort_engine
+    backend = trainer.ort_engine.engine_status().backend
     assert backend == "ort", f"rank {args.process_index}: backend {backend!r}"
-    assert trainer._ort_engine_module.mem_efficient_grad_active() is cli.mem_efficient_grad  # read from ORT's graph
+    assert trainer.ort_engine.mem_efficient_grad_active() is cli.mem_efficient_grad  # read from ORT's graph
 
     backends = [backend]
     if distributed:

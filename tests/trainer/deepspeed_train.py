@@ -101,8 +101,8 @@ def main() -> None:
     trainer = ORTTrainer(model=model, args=args, train_dataset=synthetic_dataset(), callbacks=[counter])
     trainer.train(resume_from_checkpoint=cli.resume)
 
-    backend = trainer._ort_engine_module.engine_status().backend if use_ort else "pytorch"
-    providers = trainer._ort_engine_module.session_providers() if use_ort else []
+    backend = trainer.ort_engine.engine_status().backend if use_ort else "pytorch"
+    providers = trainer.ort_engine.session_providers() if use_ort else []
     backends, fp16_verdict = [backend], None
     if deepspeed:
         from deepspeed import DeepSpeedEngine
@@ -110,7 +110,7 @@ def main() -> None:
         wrapped = trainer.model_wrapped
         assert isinstance(wrapped, DeepSpeedEngine), type(wrapped)
         # DeepSpeed outside, the ORT engine module inside (or the plain model without ORT).
-        assert wrapped.module is (trainer._ort_engine_module if use_ort else trainer.model), type(wrapped.module)
+        assert wrapped.module is (trainer.ort_engine if use_ort else trainer.model), type(wrapped.module)
         backends = [None] * args.world_size
         dist.all_gather_object(backends, backend)
         if use_ort:

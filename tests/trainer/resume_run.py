@@ -27,7 +27,7 @@ def main(shared_data: str, minilm_dir: str, out: str, resume: str, losses_path: 
     )
     trainer = ORTTrainer(model=BertForSequenceClassification(config), args=args, train_dataset=dataset)
     trainer.train(resume_from_checkpoint=resume or None)
-    assert trainer._ort_engine_module.engine_status().backend == "ort"
+    assert trainer.ort_engine.engine_status().backend == "ort"
     losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
     Path(losses_path).write_text(json.dumps(losses))
 

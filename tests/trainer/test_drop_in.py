@@ -115,7 +115,7 @@ def _copy_checkpoint(tmp_path, src: str, dst: str, step: int = 3) -> str:
 
 def test_a_second_train_call_reuses_the_exported_graph(tmp_path):
     trainer, _ = _run("regression", tmp_path, ort=True)
-    engine, exports = trainer._ort_engine_module, trainer.ort_engine_status().export_count
+    engine, exports = trainer.ort_engine, trainer.ort_engine_status().export_count
     trainer.train()
-    assert trainer._ort_engine_module is engine and trainer.ort_engine_status().export_count == exports
+    assert trainer.ort_engine is engine and trainer.ort_engine_status().export_count == exports
     assert trainer.state.global_step == 6 and trainer.ort_engine_status().backend == "ort"

@@ -50,7 +50,7 @@ def test_lora_on_tiny_llama_trains_adapters_only_as_trainer_does(tmp_path):
     trainer, losses = _train(tmp_path / "ort", True, model)
     assert trainer.ort_engine_status().backend == "ort"
     assert trainer._loss_module.loss_kind == "cross_entropy"  # PEFT passes labels to the model's own loss
-    assert trainer._ort_engine_module.label_sparsity_fired() is True  # prompt-masked labels
+    assert trainer.ort_engine.label_sparsity_fired() is True  # prompt-masked labels
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
     after, ref_after = _weights(model), _weights(ref_model)
     changed = {n for n in after if not torch.equal(after[n], before[n])}

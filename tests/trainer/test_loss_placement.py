@@ -53,7 +53,7 @@ def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs
                                      ort_loss_in_graph=placement)
     assert trainer.ort_engine_status().backend == "ort"
     assert _logged(trainer, "ort/loss_in_graph") == (placement == "always")
-    assert trainer._ort_engine_module.label_sparsity_fired() is False  # nothing to drop at ~97% density
+    assert trainer.ort_engine.label_sparsity_fired() is False  # nothing to drop at ~97% density
     assert len(losses) == 6 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
@@ -80,7 +80,7 @@ def test_prompt_masked_labels_keep_the_loss_in_the_graph(pytorch_runs, tmp_path)
     _, ref_losses, _ = pytorch_runs[SEQ // 2]
     trainer, losses, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(SEQ // 2))
     assert _logged(trainer, "ort/loss_in_graph") == 1.0
-    assert trainer._ort_engine_module.label_sparsity_fired() is True
+    assert trainer.ort_engine.label_sparsity_fired() is True
     assert 0.4 < _logged(trainer, "ort/label_density") < 0.6
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
 

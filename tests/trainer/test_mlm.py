@@ -44,7 +44,7 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
         trainer = ORTTrainer(model=tiny_bert_mlm(tokenizer.vocab_size),
                              args=_args(ORTTrainingArguments, tmp_path / "ort", **steps), train_dataset=dataset)
         trainer.train()
-    engine = trainer._ort_engine_module
+    engine = trainer.ort_engine
     assert engine.engine_status().backend == "ort"
     assert engine.label_sparsity_fired() is True  # read from ORT's graph, not its banner
     # The labels' gather went past the head into the last layer (opset 16 + BiasGelu export):
@@ -69,7 +69,7 @@ def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
         train_dataset=dataset,
     )
     trainer.train()
-    assert trainer._ort_engine_module.label_sparsity_fired() is False
+    assert trainer.ort_engine.label_sparsity_fired() is False
 
 
 def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):

@@ -39,7 +39,7 @@ def _train(tmp_path, alpha):
 
 def test_neftune_runs_in_the_ort_graph(tmp_path):
     trainer, noisy = _train(tmp_path / "noisy", 5.0)
-    graph = trainer._ort_engine_module.training_graph().graph
+    graph = trainer.ort_engine.training_graph().graph
     assert any(node.op_type == "RandomUniformLike" for node in graph.node)
     embeddings = trainer.model.get_input_embeddings()
     assert not embeddings._forward_hooks and not hasattr(embeddings, "neftune_noise_alpha")  # removed after train()

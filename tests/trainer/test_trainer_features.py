@@ -57,8 +57,8 @@ def test_model_init_metrics_preprocess_and_callbacks(tmp_path):
         callbacks=[recorder],
     )
     trainer.train()
-    assert trainer._ort_engine_module.engine_status().backend == "ort"
-    assert trainer._ort_engine_module.module.model is trainer.model  # model_init's model is what ORT trained
+    assert trainer.ort_engine.engine_status().backend == "ort"
+    assert trainer.ort_engine.module.model is trainer.model  # model_init's model is what ORT trained
     evals = [h for h in trainer.state.log_history if "eval_accuracy" in h]
     assert len(evals) == 2 and all(0.0 <= h["eval_accuracy"] <= 1.0 for h in evals)
     assert seen_shapes and all(s[-1] == 2 for s in seen_shapes)
@@ -85,7 +85,7 @@ def test_use_ort_false_is_plain_pytorch(tmp_path):
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, use_ort=False),
                          train_dataset=_dataset())
     trainer.train()
-    assert trainer._ort_engine_module is None
+    assert trainer.ort_engine is None
     assert trainer.state.global_step == 6
 
 
@@ -97,14 +97,14 @@ def test_plain_training_arguments_are_accepted(tmp_path):
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=_dataset())
     assert isinstance(trainer.args, ORTTrainingArguments) and trainer.args.learning_rate == 3e-4
     trainer.train()
-    assert trainer._ort_engine_module.engine_status().backend == "ort"
+    assert trainer.ort_engine.engine_status().backend == "ort"
 
 
 def test_auto_find_batch_size_trains(tmp_path):
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, auto_find_batch_size=True),
                          train_dataset=_dataset())
     trainer.train()
-    assert trainer.state.global_step == 6 and trainer._ort_engine_module.engine_status().backend == "ort"
+    assert trainer.state.global_step == 6 and trainer.ort_engine.engine_status().backend == "ort"
 
 
 def test_dataset_without_labels_gets_a_clear_error(tmp_path):
@@ -133,4 +133,4 @@ def test_compare_steps_logs_break_even_and_stays_one_run(tmp_path):
     logged = [h for h in trainer.state.log_history if "ort/break_even_steps" in h]
     assert len(logged) == 1 and logged[0]["step"] == 6  # reported once, when ORT resumes
     assert logged[0]["ort/step_ms"] > 0 and logged[0]["ort/pytorch_step_ms"] > 0
-    assert trainer._ort_engine_module._use_pytorch is False  # back on ORT for the rest of the run
+    assert trainer.ort_engine._use_pytorch is False  # back on ORT for the rest of the run

@@ -43,8 +43,8 @@ def test_ort_trainer_matches_trainer(minilm_dir, dataset, tmp_path, mwl, smoothi
     trainer, losses, params = _train(
         minilm_dir, dataset, tmp_path / "ort", ort=True, use_module_with_loss=mwl, label_smoothing_factor=smoothing
     )
-    assert trainer._ort_engine_module.engine_status().backend == "ort"
-    assert trainer.model is not trainer._ort_engine_module  # self.model stays the plain HF model
+    assert trainer.ort_engine.engine_status().backend == "ort"
+    assert trainer.model is not trainer.ort_engine  # self.model stays the plain HF model
     diffs = [abs(a - b) for a, b in zip(ref_losses, losses)]
     assert max(diffs) <= 1e-4 + 1e-9, f"max loss diff {max(diffs):.2e}"
     for name, ref in ref_params.items():

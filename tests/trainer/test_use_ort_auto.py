@@ -58,7 +58,7 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
 
     # Step 1 exports, 2-3 through ORT, 4-5 in PyTorch, 6-8 on the faster engine.
     assert len(ort_runs) == (6 if faster == "ort" else 3)
-    engine = trainer._ort_engine_module
+    engine = trainer.ort_engine
     assert engine.engine_status().backend == faster and engine.engine_status().fallback_reason is None
     assert run_summary(trainer, {})["engine"] == {"ort": "ort",
                                                   "pytorch": "pytorch (--use_ort auto measured it faster)"}[faster]
