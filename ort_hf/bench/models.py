@@ -12,7 +12,7 @@ from transformers.utils import ModelOutput
 from .sources import is_causal_lm, model_dir
 from .spec import BenchSettings, Workload
 
-from ..module_with_loss.module_with_loss import IGNORE_INDEX
+from ..module_with_loss import IGNORE_INDEX
 
 
 

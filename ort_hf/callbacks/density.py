@@ -11,7 +11,7 @@ import torch
 from .observer import BatchObserver, all_reduce_sum
 
 from ..engine import SPARSITY_THRESHOLD
-from ..module_with_loss.module_with_loss import IGNORE_INDEX
+from ..module_with_loss import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

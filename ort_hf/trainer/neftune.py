@@ -27,9 +27,9 @@ def use_exportable_neftune(model, handle):
     removes as it would its own."""
     if getattr(handle, "_ort_hf_neftune", False):
         return handle
-    from transformers.trainer_utils import _is_peft_model
+    from ..module_with_loss import base_model
 
-    base = model.base_model.model if _is_peft_model(model) else model
+    base = base_model(model)
     handle.remove()
     new = base.get_input_embeddings().register_forward_hook(exportable_neftune_hook)
     new._ort_hf_neftune = True
