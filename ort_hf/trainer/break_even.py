@@ -16,17 +16,12 @@ import statistics
 import time
 
 from transformers import TrainerCallback
-from transformers.training_args import ParallelMode
 
 logger = logging.getLogger(__name__)
 
 
 class BreakEvenCallback(TrainerCallback):
     def __init__(self, trainer, steps: int):
-        if trainer.args.use_ort == "auto" and trainer.args.parallel_mode == ParallelMode.DISTRIBUTED:
-            raise ValueError("--use_ort auto times each engine in one process, and processes could choose "
-                             "differently: in distributed training, pass --use_ort true or false (measure with "
-                             "--ort_compare_steps N on a single process first).")
         self.trainer, self.steps = trainer, steps
         self._first_step = 0
         self._start = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from argparse import ArgumentTypeError
 from dataclasses import MISSING, dataclass, field, fields
 
@@ -234,6 +235,10 @@ class ORTTrainingArguments(TrainingArguments):
                              f", got {steps}.")
         if steps and not self.use_ort:
             raise ValueError("--ort_compare_steps times ORT against PyTorch: it needs --use_ort true or auto.")
+        if self.use_ort == "auto" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun / accelerate launch
+            raise ValueError("--use_ort auto times each engine in one process, and processes could choose "
+                             "differently: in distributed training, pass --use_ort true or false (measure with "
+                             "--ort_compare_steps N on a single process first).")
         if steps and self.ort_memory_budget_mb is not None:
             raise ValueError(f"{'--use_ort auto' if self.use_ort == 'auto' else '--ort_compare_steps'} and "
                              "--ort_memory_budget_mb both time the first steps: use one.")
