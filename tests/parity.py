@@ -47,3 +47,15 @@ def assert_parity(ref_losses, ort_losses, ref_grads, ort_grads, wrapped, loss_at
             continue
         assert got is not None, f"{name}: no gradient from ORT"
         torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def graph_gradients(wrapped) -> set[str]:
+    """Names (as in ``wrapped.module.named_parameters()``) of the parameters whose gradient ORT's
+    training graph computes: its ``<name>_grad`` outputs."""
+    outputs = [o.name for o in wrapped.training_graph().graph.output]
+    assert all(name.endswith("_grad") for name in outputs), outputs  # the training graph outputs gradients only
+    return {name.removesuffix("_grad").removeprefix("_original_module.") for name in outputs}
+
+
+def trainable(model: torch.nn.Module) -> set[str]:
+    return {name for name, p in model.named_parameters() if p.requires_grad}

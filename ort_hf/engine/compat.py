@@ -322,6 +322,50 @@ def _bridge_export_cache() -> None:
            static=True)
 
 
+def _bridge_frozen_parameters() -> None:
+    # ORT 1.19.2 bug: GraphTransitionManager._export_model (_graph_transition_manager.py:772-777)
+    # lists every parameter the graph reads as requiring a gradient, frozen or not, and leaves the
+    # correction to _reprocess_check (:556) on a later forward; but ORT's default skip-check policy
+    # (options.py:303, SKIP_CHECK_BUILD_GRADIENT) never calls it again after the first export
+    # (_training_manager.py:248). So the gradient graph computes a gradient for every frozen weight
+    # (LoRA's whole base model, a frozen embedding or encoder) and ORT drops them. The list is
+    # cut here to the parameters that require grad at export, which is what _reprocess_check would
+    # compute (user inputs keep ORT's own rule); a later change of requires_grad is caught by
+    # recheck_trainable below. Can go with ORTModule.
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    def wrap(original):
+        def export_model(**kwargs):
+            exported, schema, input_names, require_grad = original(**kwargs)
+            frozen = {name for name, p in kwargs["flattened_module"].named_parameters() if not p.requires_grad}
+            return exported, schema, input_names, [name for name in require_grad if name not in frozen]
+
+        return export_model
+
+    _patch(GTM, "_export_model", wrap, static=True)
+
+
+@contextlib.contextmanager
+def recheck_trainable(training_manager):
+    """Let ORT compare, on the forward run inside, which parameters require grad with the ones its
+    gradient graph was built for, and rebuild the graph and session (no re-export) if they differ.
+
+    ORT's default skip-check policy skips that comparison after the first export (see
+    _bridge_frozen_parameters): a parameter unfrozen later would get no gradient. The caller
+    enters this only when requires_grad changed, so steps keep ORT's fast path. Can go with
+    ORTModule."""
+    from onnxruntime.training.ortmodule.options import _SkipCheck
+
+    options = training_manager._runtime_options
+    saved = options.skip_check
+    # Both: the second creates the new session for the rebuilt graph (_training_manager.py:274).
+    options.skip_check = _SkipCheck(saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT))
+    try:
+        yield
+    finally:
+        options.skip_check = saved
+
+
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
 SCHEMA_PASS_ROWS = 2
 # ORT's sparsity-check forward pre-hooks (GraphTransitionManager._add_check_*_sparsity_hook).
@@ -416,4 +460,5 @@ def apply_ort_bridges() -> None:
         _bridge_mem_efficient_grad_device()
         _bridge_export_cache()
         _bridge_output_schema_pass()
+        _bridge_frozen_parameters()
         _ort_done = True
