@@ -10,6 +10,7 @@ applied once, by :func:`apply_torch_bridges` (before ORTModule is imported) and
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import sys
@@ -379,8 +380,13 @@ def _bridge_output_schema_pass() -> None:
     # now runs on the first SCHEMA_PASS_ROWS rows when every tensor input shares that leading
     # dimension, with ORT's sparsity-check hooks held back: their on/off decision and the
     # densities ORT's banner prints come from the trace, which
-    # still sees the whole batch. If the short pass fails, ORT's own full pass runs. Can go
-    # with ORTModule.
+    # still sees the whole batch. If the short pass fails, ORT's own full pass runs.
+    # With deepcopy_before_model_export (ORT's default), ORT runs that pass on a deep copy of the
+    # whole module (_io.py:556) so that its writes (buffers, Python attributes) stay off the model:
+    # the export's peak holds the weights twice. It runs on a copy sharing the parameters instead
+    # (_structure_pass). ORT skips its copy on CUDA when twice the weights would not fit
+    # (_io.can_module_be_deep_cloned); the shared copy always fits, so it is always made.
+    # Can go with ORTModule.
     from onnxruntime.training.ortmodule import _io
 
     def wrap(original):
@@ -389,15 +395,33 @@ def _bridge_output_schema_pass() -> None:
             if sample is not None:
                 try:
                     with _without_density_hooks(module):
-                        return original(module, sample, logger, clone_module)
+                        return _structure_pass(original, module, sample, logger, clone_module)
                 except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
                     logger.info("ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole "
                                 "batch.", SCHEMA_PASS_ROWS, exc)
-            return original(module, flatten_args, logger, clone_module)
+            return _structure_pass(original, module, flatten_args, logger, clone_module)
 
         return parse_outputs
 
     _patch(_io, "parse_outputs_for_onnx_export_and_extract_schema", wrap)
+    _patch(_io, "can_module_be_deep_cloned", lambda original: lambda module, device: True)
+
+
+def _structure_pass(original, module, inputs, logger, clone_module: bool):
+    """ORT's output-structure pass; with ``clone_module``, on a copy of ``module`` whose buffers
+    and Python state are its own and whose parameters are the model's (not copied).
+
+    What ORT's full copy protected is kept: a forward that writes buffers or attributes writes the
+    copy's. A forward that writes its own parameters in place would write the model's; the
+    engine names such parameters in a warning (state_sync.StateWatch): under ORT those writes
+    happen only while exporting, copy or not, since the trace runs on the model itself."""
+    if not clone_module:
+        return original(module, inputs, logger, False)
+    try:
+        shared = copy.deepcopy(module, {id(p): p for p in module.parameters()})
+    except Exception:  # noqa: BLE001 - not copyable: ORT's own attempt, and its fallback, decide
+        return original(module, inputs, logger, True)
+    return original(shared, inputs, logger, False)
 
 
 def first_rows(inputs, rows: int):
