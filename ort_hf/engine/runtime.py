@@ -58,9 +58,6 @@ def ensure_engine() -> EngineState:
         with compat.without_unused_deepspeed():
             ortmodule = _import_ortmodule(compat)
         compat.apply_ort_bridges()
-        from . import graph_rewrites
-
-        graph_rewrites.register()
         statuses = extensions.load_all()
         if not statuses["aten_op_executor"].loaded:
             from .errors import ExtensionBuildError
