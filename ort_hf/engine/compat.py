@@ -360,7 +360,8 @@ def recheck_trainable(training_manager):
     options = training_manager._runtime_options
     saved = options.skip_check
     # Both: the second creates the new session for the rebuilt graph (_training_manager.py:274).
-    options.skip_check = _SkipCheck(saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT))
+    options.skip_check = _SkipCheck(
+        saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT))
     try:
         yield
     finally:

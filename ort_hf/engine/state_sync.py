@@ -47,7 +47,8 @@ class StateWatch:
         changed = [f"{path or type(self.module).__name__}.{key}"
                    for (path, key), value in python_attributes(self.module).items()
                    if (path, key) in self.attributes and self.attributes[(path, key)] != value]
-        written = [name for name, p in self.module.named_parameters() if self.parameter_versions.get(name) != p._version]
+        written = [name for name, p in self.module.named_parameters()
+                   if self.parameter_versions.get(name) != p._version]
         if written:
             logger.warning(
                 "ort_hf: forward writes parameters in place (%s). Under ORT the model's Python code runs only while "

@@ -52,7 +52,8 @@ def test_unfreezing_mid_run_rebuilds_the_gradient_graph_without_re_exporting():
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, reference.state_dict()[name], rtol=1e-4, atol=1e-6,
                                    msg=lambda m: f"{name}: {m}")
-    assert not torch.equal(model.bert.embeddings.word_embeddings.weight, build(FAMILIES["bert-cls"]).bert.embeddings.word_embeddings.weight)
+    initial = build(FAMILIES["bert-cls"]).bert.embeddings.word_embeddings.weight
+    assert not torch.equal(model.bert.embeddings.word_embeddings.weight, initial)  # trained once unfrozen
     assert graph_gradients(wrapped) == trainable(model)
     assert any(name.startswith("bert.embeddings.") for name in graph_gradients(wrapped))
     assert wrapped.engine_status().export_count == 1  # the graph was rebuilt, the model not exported again
