@@ -72,3 +72,15 @@ def memcpy_nodes(onnx_dir) -> list[str]:
                 graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
                 graphs.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
     return found
+
+
+def graph_gradients(wrapped) -> set[str]:
+    """Names (as in ``wrapped.module.named_parameters()``) of the parameters whose gradient ORT's
+    training graph computes: its ``<name>_grad`` outputs."""
+    outputs = [o.name for o in wrapped.training_graph().graph.output]
+    assert all(name.endswith("_grad") for name in outputs), outputs  # the training graph outputs gradients only
+    return {name.removesuffix("_grad").removeprefix("_original_module.") for name in outputs}
+
+
+def trainable(model: torch.nn.Module) -> set[str]:
+    return {name for name, p in model.named_parameters() if p.requires_grad}

@@ -10,6 +10,7 @@ applied once, by :func:`apply_torch_bridges` (before ORTModule is imported) and
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import sys
@@ -333,6 +334,51 @@ def _bridge_export_cache() -> None:
            static=True)
 
 
+def _bridge_frozen_parameters() -> None:
+    # ORT 1.19.2 bug: GraphTransitionManager._export_model (_graph_transition_manager.py:772-777)
+    # lists every parameter the graph reads as requiring a gradient, frozen or not, and leaves the
+    # correction to _reprocess_check (:556) on a later forward; but ORT's default skip-check policy
+    # (options.py:303, SKIP_CHECK_BUILD_GRADIENT) never calls it again after the first export
+    # (_training_manager.py:248). So the gradient graph computes a gradient for every frozen weight
+    # (LoRA's whole base model, a frozen embedding or encoder) and ORT drops them. The list is
+    # cut here to the parameters that require grad at export, which is what _reprocess_check would
+    # compute (user inputs keep ORT's own rule); a later change of requires_grad is caught by
+    # recheck_trainable below. Can go with ORTModule.
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    def wrap(original):
+        def export_model(**kwargs):
+            exported, schema, input_names, require_grad = original(**kwargs)
+            frozen = {name for name, p in kwargs["flattened_module"].named_parameters() if not p.requires_grad}
+            return exported, schema, input_names, [name for name in require_grad if name not in frozen]
+
+        return export_model
+
+    _patch(GTM, "_export_model", wrap, static=True)
+
+
+@contextlib.contextmanager
+def recheck_trainable(training_manager):
+    """Let ORT compare, on the forward run inside, which parameters require grad with the ones its
+    gradient graph was built for, and rebuild the graph and session (no re-export) if they differ.
+
+    ORT's default skip-check policy skips that comparison after the first export (see
+    _bridge_frozen_parameters): a parameter unfrozen later would get no gradient. The caller
+    enters this only when requires_grad changed, so steps keep ORT's fast path. Can go with
+    ORTModule."""
+    from onnxruntime.training.ortmodule.options import _SkipCheck
+
+    options = training_manager._runtime_options
+    saved = options.skip_check
+    # Both: the second creates the new session for the rebuilt graph (_training_manager.py:274).
+    options.skip_check = _SkipCheck(
+        saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT))
+    try:
+        yield
+    finally:
+        options.skip_check = saved
+
+
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
 SCHEMA_PASS_ROWS = 2
 # ORT's sparsity-check forward pre-hooks (GraphTransitionManager._add_check_*_sparsity_hook).
@@ -346,8 +392,13 @@ def _bridge_output_schema_pass() -> None:
     # now runs on the first SCHEMA_PASS_ROWS rows when every tensor input shares that leading
     # dimension, with ORT's sparsity-check hooks held back: their on/off decision and the
     # densities ORT's banner prints come from the trace, which
-    # still sees the whole batch. If the short pass fails, ORT's own full pass runs. Can go
-    # with ORTModule.
+    # still sees the whole batch. If the short pass fails, ORT's own full pass runs.
+    # With deepcopy_before_model_export (ORT's default), ORT runs that pass on a deep copy of the
+    # whole module (_io.py:556) so that its writes (buffers, Python attributes) stay off the model:
+    # the export's peak holds the weights twice. It runs on a copy sharing the parameters instead
+    # (_structure_pass). ORT skips its copy on CUDA when twice the weights would not fit
+    # (_io.can_module_be_deep_cloned); the shared copy always fits, so it is always made.
+    # Can go with ORTModule.
     from onnxruntime.training.ortmodule import _io
 
     def wrap(original):
@@ -356,15 +407,33 @@ def _bridge_output_schema_pass() -> None:
             if sample is not None:
                 try:
                     with _without_density_hooks(module):
-                        return original(module, sample, logger, clone_module)
+                        return _structure_pass(original, module, sample, logger, clone_module)
                 except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
                     logger.info("ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole "
                                 "batch.", SCHEMA_PASS_ROWS, exc)
-            return original(module, flatten_args, logger, clone_module)
+            return _structure_pass(original, module, flatten_args, logger, clone_module)
 
         return parse_outputs
 
     _patch(_io, "parse_outputs_for_onnx_export_and_extract_schema", wrap)
+    _patch(_io, "can_module_be_deep_cloned", lambda original: lambda module, device: True)
+
+
+def _structure_pass(original, module, inputs, logger, clone_module: bool):
+    """ORT's output-structure pass; with ``clone_module``, on a copy of ``module`` whose buffers
+    and Python state are its own and whose parameters are the model's (not copied).
+
+    What ORT's full copy protected is kept: a forward that writes buffers or attributes writes the
+    copy's. A forward that writes its own parameters in place would write the model's; the
+    engine names such parameters in a warning (state_sync.StateWatch): under ORT those writes
+    happen only while exporting, copy or not, since the trace runs on the model itself."""
+    if not clone_module:
+        return original(module, inputs, logger, False)
+    try:
+        shared = copy.deepcopy(module, {id(p): p for p in module.parameters()})
+    except Exception:  # noqa: BLE001 - not copyable: ORT's own attempt, and its fallback, decide
+        return original(module, inputs, logger, True)
+    return original(shared, inputs, logger, False)
 
 
 def first_rows(inputs, rows: int):
@@ -427,4 +496,5 @@ def apply_ort_bridges() -> None:
         _bridge_mem_efficient_grad_device()
         _bridge_export_cache()
         _bridge_output_schema_pass()
+        _bridge_frozen_parameters()
         _ort_done = True

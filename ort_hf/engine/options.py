@@ -82,8 +82,9 @@ class ORTOptions:
     export_cache_shared: bool = _opt(False, "The export cache is shared with a group on purpose: accept group "
                                             "ownership and group write below it (every graph is still checked "
                                             "against its hash).")
-    deepcopy_before_export: bool = _opt(True, "Export from a copy of the model so the export never touches the "
-                                              "weights.")
+    deepcopy_before_export: bool = _opt(True, "Run the export's output-structure pass on a copy of the model's "
+                                              "buffers and Python attributes, so it does not change them (the "
+                                              "weights are shared, not copied).")
     enable_custom_autograd: bool = _opt(True, "Run torch.autograd.Function as ORT PythonOp (needed by label "
                                               "sparsity detection and memory-efficient gradients).")
     mem_efficient_grad_mgmt: bool = _opt(False, "Hand each gradient to PyTorch as soon as ORT computes it.")

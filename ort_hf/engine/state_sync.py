@@ -37,6 +37,7 @@ class StateWatch:
         self.versions = buffer_versions(module)
         self.values = buffer_values(module)
         self.attributes = python_attributes(module)
+        self.parameter_versions = {name: p._version for name, p in module.named_parameters()}
 
     def written_buffers(self) -> list[str]:
         now = buffer_versions(self.module)
@@ -46,6 +47,13 @@ class StateWatch:
         changed = [f"{path or type(self.module).__name__}.{key}"
                    for (path, key), value in python_attributes(self.module).items()
                    if (path, key) in self.attributes and self.attributes[(path, key)] != value]
+        written = [name for name, p in self.module.named_parameters()
+                   if self.parameter_versions.get(name) != p._version]
+        if written:
+            logger.warning(
+                "ort_hf: forward writes parameters in place (%s). Under ORT the model's Python code runs only while "
+                "it is exported, so they are not written during training: train such a model with --use_ort false.",
+                ", ".join(written))
         if changed:
             logger.warning(
                 "ort_hf: forward changes Python attributes (%s). Under ORT the model's Python code runs only "

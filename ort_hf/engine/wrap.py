@@ -75,6 +75,7 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(self, "_ran", False)
         object.__setattr__(self, "_use_pytorch", False)
         object.__setattr__(self, "_stateful", None)  # a StatefulForward once forward was seen writing buffers
+        object.__setattr__(self, "_trainable", None)  # requires_grad of each parameter at the last training step
         trim = options.trim_padding if options.trim_padding is not None else not on_cuda
         object.__setattr__(self, "_trim_padding", trim)
         object.__setattr__(self, "padding_stats", {"kept_tokens": 0, "total_tokens": 0})
@@ -118,7 +119,8 @@ class ORTTrainingModule(nn.Module):
         _set_custom_autograd(self._pythonop)
         token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
         try:
-            output = self._run_ort(args, kwargs)
+            with self._trainable_check():
+                output = self._run_ort(args, kwargs)
         except Exception as exc:
             if self._ran or isinstance(exc, ORTFallbackError):
                 raise  # ORT ran before: a runtime error, not something a fallback should hide
@@ -136,6 +138,17 @@ class ORTTrainingModule(nn.Module):
             compat.ACTIVE_EXPORT_RECORD.reset(token)
         self._note_backend()
         return output
+
+    def _trainable_check(self):
+        """ORT's gradient graph outputs gradients for the parameters that required grad when it was
+        built; when that changed since the last training step (a layer unfrozen or frozen), ORT
+        compares again and rebuilds its graph on this step (compat.recheck_trainable)."""
+        if not self.training:
+            return contextlib.nullcontext()
+        trainable = tuple(p.requires_grad for p in self.module.parameters())
+        changed = self._trainable is not None and trainable != self._trainable
+        object.__setattr__(self, "_trainable", trainable)
+        return compat.recheck_trainable(self._training_manager()) if changed else contextlib.nullcontext()
 
     def _run_ort(self, args, kwargs):
         """ORT's forward, with the buffers ``forward`` writes kept as PyTorch keeps them (state_sync)."""

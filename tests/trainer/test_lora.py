@@ -4,6 +4,7 @@ saved adapter is plain PEFT's."""
 import pytest
 import torch
 from datasets import Dataset
+from parity import graph_gradients, trainable as trainable_names
 from tiny_models import FAMILIES, VOCAB, build
 from transformers import Trainer, TrainingArguments
 
@@ -51,6 +52,10 @@ def test_lora_on_tiny_llama_trains_adapters_only_as_trainer_does(tmp_path):
     assert trainer.ort_engine_status().backend == "ort"
     assert trainer._loss_module.loss_kind == "cross_entropy"  # PEFT passes labels to the model's own loss
     assert trainer.ort_engine.label_sparsity_fired() is True  # prompt-masked labels
+    # ORT's graph computes the adapters' gradients only, none for the frozen base model
+    graph_grads = graph_gradients(trainer.ort_engine)
+    assert graph_grads == trainable_names(trainer.ort_engine.module)
+    assert len(graph_grads) == 8  # lora_A and lora_B, on q and v, in 2 layers
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
     after, ref_after = _weights(model), _weights(ref_model)
     changed = {n for n in after if not torch.equal(after[n], before[n])}
