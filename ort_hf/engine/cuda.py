@@ -20,8 +20,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import re
-import shutil
 from pathlib import Path
 
 DRIVER = "libcuda.so.1"

@@ -121,7 +121,7 @@ def cached_export(original, **kwargs):
     module = kwargs["flattened_module"]
     settings = {k: kwargs.get(k) for k in ("onnx_opset_version", "enable_custom_autograd_function",
                                            "enable_zero_stage3_support")}
-    from .compat import ACTIVE_EXPORT_RECORD
+    from .export_record import ACTIVE_EXPORT_RECORD
 
     record = ACTIVE_EXPORT_RECORD.get()
     shared = Path(os.path.abspath(root)) if record is not None and record.export_cache_shared else None

@@ -107,7 +107,7 @@ class ORTOptions:
     # embeddings and their gradients) need; each such kernel then waits for the scheduler.
     intra_op_spinning: bool | None = _opt(None, "Let ORT's idle pool threads spin between kernels. Default: off on "
                                                 "CPU, ORT's default (on) on CUDA.")
-    # Why one thread by default: compat._bridge_torch_threads_in_graph.
+    # Why one thread by default: model_hooks._bridge_torch_threads_in_graph.
     torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
                                                     "Default: 1 on CPU, unchanged on CUDA; 0 leaves "
                                                     "torch.set_num_threads as it is (custom autograd functions with "

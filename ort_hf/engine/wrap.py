@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from . import compat
+from .export_record import ACTIVE_EXPORT_RECORD, ExportRecord
+from .model_hooks import AGENT_TORCH_THREADS
 from .errors import ORTFallbackError
 from .._model_state import restore_buffers
 from .options import ORTOptions, environment_for, overridden_by_options, scoped_environ
@@ -66,7 +68,7 @@ class ORTTrainingModule(nn.Module):
         object.__setattr__(
             self,
             "_record",
-            compat.ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
+            ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
                                 intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning,
                                 torch_threads=torch_threads or None,
                                 export_cache_shared=options.export_cache_shared),
@@ -117,7 +119,7 @@ class ORTTrainingModule(nn.Module):
         if not self._ran:
             check_precision(self.module)  # refused loudly, never a fallback
         _set_custom_autograd(self._pythonop)
-        token = compat.ACTIVE_EXPORT_RECORD.set(self._record)
+        token = ACTIVE_EXPORT_RECORD.set(self._record)
         try:
             with self._trainable_check():
                 output = self._run_ort(args, kwargs)
@@ -135,7 +137,7 @@ class ORTTrainingModule(nn.Module):
             object.__setattr__(self, "_use_pytorch", True)
             return self.module(*args, **kwargs)
         finally:
-            compat.ACTIVE_EXPORT_RECORD.reset(token)
+            ACTIVE_EXPORT_RECORD.reset(token)
         self._note_backend()
         return output
 
@@ -280,7 +282,7 @@ class ORTTrainingModule(nn.Module):
         except RuntimeError:  # not set: ORT's default, spinning
             spinning = "1"
         return {"threads": options.intra_op_num_threads, "spinning": spinning != "0",
-                "torch_threads": getattr(agent, compat.AGENT_TORCH_THREADS, None)}
+                "torch_threads": getattr(agent, AGENT_TORCH_THREADS, None)}
 
     def memory_plans(self) -> list[MemoryPlan] | None:
         """The memory optimizer's plan table (after the first training step), largest saving first."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._batches import first_rows_of
 from .._model_state import side_effect_free
 from .module_with_loss import (CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, base_model,
                                model_loss)
@@ -46,7 +47,7 @@ def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None) ->
 
 def _check_returns_loss(module: ModuleWithLoss, batch: dict) -> None:
     """Raise the Trainer's error for a model that returns no loss, before ORT exports it."""
-    rows = _first_rows(batch, PROBE_ROWS)
+    rows = first_rows_of(batch, PROBE_ROWS)
     with side_effect_free(module.model):
         model_loss(module.model(**rows), rows)
 
@@ -98,15 +99,9 @@ def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_ba
 
 def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
     """The first ``PROBE_ROWS`` rows of the batch if one of them has a used label, else the batch."""
-    cut = _first_rows(batch, PROBE_ROWS)
+    cut = first_rows_of(batch, PROBE_ROWS)
     if (module.token_labels(cut["labels"]) != IGNORE_INDEX).any():
         return cut
     return dict(batch)
 
 
-def _first_rows(batch: dict, rows: int) -> dict:
-    sizes = {v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.dim()}
-    if len(sizes) != 1:
-        return dict(batch)  # no single batch dimension to cut along
-    size = sizes.pop()
-    return {k: (v[:rows] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v) for k, v in batch.items()}

@@ -66,7 +66,7 @@ def test_orts_tf32_follows_torchs_fp32_precision(torch_precision, monkeypatch, m
     """The provider options ort_hf hands ORT's CUDA session (use_tf32 defaults to on in ORT)."""
     import onnxruntime
 
-    from ort_hf.engine import compat
+    from ort_hf.engine import model_hooks
 
     matmul, conv = torch_precision
     if matmul_precision:
@@ -79,7 +79,7 @@ def test_orts_tf32_follows_torchs_fp32_precision(torch_precision, monkeypatch, m
         return (onnxruntime.SessionOptions(), ["CUDAExecutionProvider", "CPUExecutionProvider"],
                 [{"device_id": "0"}, {}])
 
-    _, providers, options = compat._session_config_per_model(ort_session_config)(None)
+    _, providers, options = model_hooks._session_config_per_model(ort_session_config)(None)
     assert options == [{"device_id": "0", "use_tf32": expected}, {}]
 
 

@@ -4,7 +4,8 @@ import torch
 from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, SEQ, VOCAB, build
 
-from ort_hf.engine import ORTOptions, compat, wrap_model
+from ort_hf._batches import first_rows
+from ort_hf.engine import ORTOptions, model_hooks, wrap_model
 from ort_hf.module_with_loss import ModuleWithLoss
 
 ROWS = 6
@@ -47,15 +48,15 @@ def test_structure_pass_on_two_rows_trace_on_whole_batch_results_unchanged():
     assert_parity(*result)
     # The PyTorch reference's 3 steps, then ORT's export: the structure pass and the trace. ORT's
     # own steps run its graph, not this forward.
-    assert sorted(seen) == sorted([(False, ROWS)] * 3 + [(False, compat.SCHEMA_PASS_ROWS), (True, ROWS)]), seen
+    assert sorted(seen) == sorted([(False, ROWS)] * 3 + [(False, model_hooks.SCHEMA_PASS_ROWS), (True, ROWS)]), seen
 
 
 def test_first_rows_only_cuts_a_shared_batch_dimension():
     a, b, scalar = torch.zeros(5, 3), torch.zeros(5), torch.tensor(2.0)
-    cut = compat.first_rows([a, None, b, scalar, True], 2)
+    cut = first_rows([a, None, b, scalar, True], 2)
     assert [t.shape if torch.is_tensor(t) else t for t in cut] == [(2, 3), None, (2,), (), True]
-    assert compat.first_rows([a, torch.zeros(4)], 2) is None  # no common batch dimension
-    assert compat.first_rows([torch.zeros(2, 3)], 2) is None  # nothing to save
+    assert first_rows([a, torch.zeros(4)], 2) is None  # no common batch dimension
+    assert first_rows([torch.zeros(2, 3)], 2) is None  # nothing to save
 
 
 def test_label_sparsity_decided_on_the_whole_batch():

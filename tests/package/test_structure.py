@@ -6,8 +6,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "ort_hf"
 
 
-def _imports(path: Path) -> list[str]:
-    """Every ort_hf module ``path`` imports, at module level or inside functions, as dotted names."""
+def _imports(path: Path, with_names: bool = False) -> list[str]:
+    """Every ort_hf module ``path`` imports, at module level or inside functions, as dotted names;
+    ``with_names``: also ``pkg.name`` for each ``from pkg import name`` (a module, or not)."""
     module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = []
@@ -20,6 +21,8 @@ def _imports(path: Path) -> list[str]:
             else:
                 name = node.module or ""
             found.append(name)
+            if with_names:
+                found.extend(f"{name}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
     return [name.removesuffix(".__init__") for name in found if name.startswith("ort_hf")]
@@ -33,3 +36,38 @@ def test_nothing_outside_the_engine_reaches_behind_its_boundary():
         reaching += [f"{path.relative_to(PACKAGE.parent)} imports {name}" for name in _imports(path)
                      if name.startswith("ort_hf.engine.")]
     assert not reaching, "import from ort_hf.engine instead:\n" + "\n".join(reaching)
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def test_no_import_cycle_in_the_package():
+    """Between ort_hf's modules, function-level imports included (a package's own __init__ aside:
+    importing ``pkg.mod`` runs ``pkg/__init__`` first by Python's rules, which is not a cycle of ours)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path, with_names=True):
+            while imported and imported not in modules:  # `from pkg import name`: name is not a module
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                targets.add(imported)
+        graph[name] = targets
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

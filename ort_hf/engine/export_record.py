@@ -1,0 +1,31 @@
+"""What the engine knows of one wrapped model while ORT exports and runs it.
+
+ORT's hooks receive no per-model options of their own: the wrapped model whose forward is running
+sets :data:`ACTIVE_EXPORT_RECORD`, and the hooks (``model_hooks.py``) and bridges (``compat.py``)
+read its settings from there.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+
+@dataclass
+class ExportRecord:
+    """Per wrapped model: what the bridges saw during its ORT exports."""
+
+    enable_label_sparsity: bool = True
+    enable_mem_reuse: bool = False
+    intra_op_threads: int | None = None  # None: ORT's default pool size
+    intra_op_spinning: bool = True
+    torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
+    export_cache_shared: bool = False  # ORTOptions.export_cache_shared
+    export_count: int = 0
+    export_seconds: float = 0.0
+
+
+# The wrapped model whose forward is running.
+ACTIVE_EXPORT_RECORD: contextvars.ContextVar[ExportRecord | None] = contextvars.ContextVar(
+    "ort_hf_active_export_record", default=None
+)
