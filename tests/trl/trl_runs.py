@@ -53,3 +53,12 @@ def assert_ort_trained_on_used_rows(trainer) -> dict:
 
 def weights(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same_run(reference, trainer, keys) -> None:
+    """ORT trained (on the used rows), and its logs and final weights are the plain trainer's."""
+    assert_ort_trained_on_used_rows(trainer)
+    assert_same_logs(logged(reference, keys), logged(trainer, keys))
+    ours, theirs = weights(trainer.model), weights(reference.model)
+    for key, value in theirs.items():
+        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
