@@ -28,7 +28,7 @@ from .neftune import use_exportable_neftune
 from .first_step import record_memory_plans, why_no_label_sparsity
 from ..trl.fused_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
 from .trainer_args import bind_trainer_arguments, parent_init
-from .training_args import ADAMW_ORT_FUSED
+from .training_args import ADAMW_ORT_FUSED, recompute_level_for_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -168,12 +168,11 @@ class ORTTrainerMixin:
 
             # Budget mode starts on the heaviest rung and lightens from there (budget.py).
             options = dataclasses.replace(options, memory_opt_level=START_LEVEL, memory_opt_plans=())
-        if getattr(self.model, "is_activation_checkpointing", False):
-            # Checkpoint functions cannot be exported; ORT's layer-wise recompute does the job.
+        if getattr(self.model, "is_activation_checkpointing", False):  # enabled on the model itself
             logger.warning("ort_hf: gradient checkpointing on the model is replaced by ORT layer-wise recompute.")
             self.model.activation_checkpointing_disable()
-            if options.memory_opt_level == 0 and not options.memory_opt_plans:
-                options = dataclasses.replace(options, memory_opt_level=1)
+            level = recompute_level_for_checkpointing(options.memory_opt_level, options.memory_opt_plans)
+            options = dataclasses.replace(options, memory_opt_level=level)
         return options
 
     def _ort_eval_model(self) -> nn.Module:

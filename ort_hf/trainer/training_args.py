@@ -189,15 +189,13 @@ class ORTTrainingArguments(TrainingArguments):
             self.ort_compare_steps = AUTO_COMPARE_STEPS if self.use_ort == "auto" else 0
         self._refuse_fsdp()
         if self.use_ort and (self.gradient_checkpointing or self.activation_checkpointing):
-            # ORT cannot export torch.utils.checkpoint functions; its layer-wise recompute
-            # (memory optimizer level 1) is the equivalent. The two never run together.
             logger.warning(
                 "ort_hf: gradient checkpointing is done by ORT's layer-wise recompute "
                 "(--ort_memory_opt_level 1) when training through ORT."
             )
             self.gradient_checkpointing = self.activation_checkpointing = False
-            if self.ort_memory_opt_level == 0 and not self.ort_memory_opt_plans:
-                self.ort_memory_opt_level = 1
+            self.ort_memory_opt_level = recompute_level_for_checkpointing(self.ort_memory_opt_level,
+                                                                          self.ort_memory_opt_plans)
         self._refuse_what_ort_cannot_run()  # before the parent's own precision checks, so ours is what is said
         super().__post_init__()
         if wants_ort_fused:
@@ -276,6 +274,13 @@ class ORTTrainingArguments(TrainingArguments):
         values = {f.name: getattr(self, f"ort_{f.name}") for f in fields(ORTOptions)}
         values["memory_opt_plans"] = tuple(values["memory_opt_plans"] or ())
         return ORTOptions(**values)
+
+
+def recompute_level_for_checkpointing(level: int, plans) -> int:
+    """ORT's memory optimizer level that stands for gradient checkpointing: ORT cannot export
+    torch.utils.checkpoint functions, and its layer-wise recompute (level 1) is the equivalent,
+    unless a level or plans were chosen already. The two never run together."""
+    return 1 if level == 0 and not plans else level
 
 
 def _engine_choice(value) -> bool | str:
