@@ -48,7 +48,7 @@ def test_conflicting_options_say_what_to_change():
     with pytest.raises(ValueError, match="set either a level"):
         ORTOptions(memory_opt_level=1, memory_opt_plans=["BiasGelu+:1:-1"])
     with pytest.raises(ValueError, match="save_onnx=True"):
-        ORTOptions(onnx_dir="/tmp/x")
+        ORTOptions(onnx_dir="graphs")
     with pytest.raises(ValueError, match="enable_custom_autograd=True"):
         ORTOptions(mem_efficient_grad_mgmt=True, enable_custom_autograd=False)
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import tempfile
 
 import pytest
 from transformers import HfArgumentParser
@@ -9,10 +10,12 @@ from transformers import HfArgumentParser
 from ort_hf.engine import ORTOptions
 from ort_hf.trainer import ADAMW_ORT_FUSED, ORTTrainingArguments
 
+OUT = tempfile.mkdtemp(prefix="ort_hf_args-")  # never written: arguments only
+
 
 def _parse(*argv):
     (args,) = HfArgumentParser(ORTTrainingArguments).parse_args_into_dataclasses(
-        ["--output_dir", "/tmp/ort_hf_args", "--report_to", "none", *argv]
+        ["--output_dir", OUT, "--report_to", "none", *argv]
     )
     return args
 
@@ -47,7 +50,7 @@ def test_plans_parse_as_a_list():
         (["--ort_fallback", "maybe"], "--ort_fallback"),
         (["--ort_log_level", "CHATTY"], "--ort_log_level"),
         (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
-        (["--ort_onnx_dir", "/tmp/x"], "--ort_onnx_dir"),
+        (["--ort_onnx_dir", OUT], "--ort_onnx_dir"),
         (["--ort_loss_in_graph", "sometimes"], "--ort_loss_in_graph"),
         (["--ort_mem_efficient_grad_mgmt", "--ddp_find_unused_parameters", "true"], "--ddp_find_unused_parameters"),
         (["--ort_density_print_every", "0"], "--ort_density_print_every"),
@@ -63,15 +66,15 @@ def test_bad_values_name_the_flag(argv, flag):
 
 def test_fused_optimizer_with_bf16_says_what_to_change():
     with pytest.raises(ValueError, match="adamw_torch_fused"):
-        ORTTrainingArguments(output_dir="/tmp/x", optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[],
+        ORTTrainingArguments(output_dir=OUT, optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[],
                              use_ort=False)
 
 
 def test_gradient_checkpointing_becomes_layerwise_recompute():
-    args = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, report_to=[])
+    args = ORTTrainingArguments(output_dir=OUT, gradient_checkpointing=True, report_to=[])
     assert not args.gradient_checkpointing and not args.activation_checkpointing
     assert args.ort_options().memory_opt_level == 1
-    plain = ORTTrainingArguments(output_dir="/tmp/x", gradient_checkpointing=True, use_ort=False, report_to=[])
+    plain = ORTTrainingArguments(output_dir=OUT, gradient_checkpointing=True, use_ort=False, report_to=[])
     assert plain.activation_checkpointing  # PyTorch runs keep torch checkpointing
 
 
@@ -135,9 +138,9 @@ def test_memory_efficient_gradients_turn_off_ddp_unused_parameter_search():
 @pytest.mark.parametrize("flag", ["bf16", "fp16"])
 def test_mixed_precision_on_cpu_is_refused_with_what_to_do(flag):
     with pytest.raises(ValueError, match=f"--{flag} with ORT on CPU.*--use_ort false"):
-        ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], **{flag: True})
+        ORTTrainingArguments(output_dir=OUT, use_cpu=True, report_to=[], **{flag: True})
     if flag == "bf16":  # the PyTorch path keeps the Trainer's behaviour
-        assert ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], bf16=True, use_ort=False).bf16
+        assert ORTTrainingArguments(output_dir=OUT, use_cpu=True, report_to=[], bf16=True, use_ort=False).bf16
 
 
 def test_bf16_with_ort_on_cuda_is_refused_with_what_to_do(monkeypatch):
@@ -146,12 +149,12 @@ def test_bf16_with_ort_on_cuda_is_refused_with_what_to_do(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="bfloat16 with ORT on CUDA.*--fp16 through ORT.*--use_ort false"):
-        ORTTrainingArguments(output_dir="/tmp/x", report_to=[], bf16=True)
+        ORTTrainingArguments(output_dir=OUT, report_to=[], bf16=True)
 
 
 def test_torch_compile_with_ort_is_refused():
     with pytest.raises(ValueError, match="--torch_compile with ORT.*--use_ort false"):
-        ORTTrainingArguments(output_dir="/tmp/x", use_cpu=True, report_to=[], torch_compile=True)
+        ORTTrainingArguments(output_dir=OUT, use_cpu=True, report_to=[], torch_compile=True)
 
 
 def test_every_ort_option_is_declared_once():
@@ -166,4 +169,4 @@ def test_every_ort_option_is_declared_once():
             assert list(option.default_factory()) == arg.default_factory(), option.name
         else:
             assert arg.default == option.default, option.name
-    assert ORTTrainingArguments(output_dir="/tmp/x", report_to=[]).ort_options() == ORTOptions()
+    assert ORTTrainingArguments(output_dir=OUT, report_to=[]).ort_options() == ORTOptions()
