@@ -24,6 +24,19 @@ class ExportRecord:
     export_count: int = 0
     export_seconds: float = 0.0
 
+    def configure(self, options, on_cuda: bool) -> None:
+        """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default
+        resolved for the model's device; the export counters are kept."""
+        self.enable_label_sparsity = options.enable_label_sparsity
+        self.enable_mem_reuse = options.mem_reuse_on
+        self.intra_op_threads = options.intra_op_threads
+        self.intra_op_spinning = options.intra_op_spinning if options.intra_op_spinning is not None else on_cuda
+        torch_threads = options.torch_threads_in_graph
+        if torch_threads is None:
+            torch_threads = 0 if on_cuda else 1
+        self.torch_threads = torch_threads or None
+        self.export_cache_shared = options.export_cache_shared
+
 
 # The wrapped model whose forward is running.
 ACTIVE_EXPORT_RECORD: contextvars.ContextVar[ExportRecord | None] = contextvars.ContextVar(

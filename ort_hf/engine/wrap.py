@@ -56,38 +56,33 @@ class ORTTrainingModule(nn.Module):
     def __init__(self, module: nn.Module, ort_module: nn.Module, options: ORTOptions, state: EngineState):
         super().__init__()
         self.module = module
-        # Not registered as a submodule: ORTModule shares the parameters above.
-        object.__setattr__(self, "_ort", ort_module)
-        object.__setattr__(self, "options", options)
-        object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
         on_cuda = any(p.is_cuda for p in module.parameters())
-        spinning = options.intra_op_spinning if options.intra_op_spinning is not None else on_cuda
-        torch_threads = options.torch_threads_in_graph
-        if torch_threads is None:
-            torch_threads = 0 if on_cuda else 1
-        object.__setattr__(
-            self,
-            "_record",
-            ExportRecord(enable_label_sparsity=options.enable_label_sparsity, enable_mem_reuse=options.mem_reuse_on,
-                                intra_op_threads=options.intra_op_threads, intra_op_spinning=spinning,
-                                torch_threads=torch_threads or None,
-                                export_cache_shared=options.export_cache_shared),
-        )
-        object.__setattr__(self, "_fallback_reason", None)
-        object.__setattr__(self, "_ran", False)
-        object.__setattr__(self, "_use_pytorch", False)
-        object.__setattr__(self, "_stateful", None)  # a StatefulForward once forward was seen writing buffers
-        object.__setattr__(self, "_trainable", None)  # requires_grad of each parameter at the last training step
-        trim = options.trim_padding if options.trim_padding is not None else not on_cuda
-        object.__setattr__(self, "_trim_padding", trim)
-        object.__setattr__(self, "padding_stats", {"kept_tokens": 0, "total_tokens": 0})
+        record = ExportRecord()
+        record.configure(options, on_cuda)
         forward_params = inspect.signature(module.forward).parameters
         config = getattr(module, "config", None)
-        # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type).
-        object.__setattr__(
-            self, "_disable_cache", "use_cache" in forward_params and bool(getattr(config, "use_cache", False))
+        self._set(
+            _ort=ort_module,  # not registered as a submodule: ORTModule shares the parameters above
+            options=options,
+            _pythonop=state.pythonop_available and options.enable_custom_autograd,
+            _on_cuda=on_cuda,
+            _record=record,
+            _fallback_reason=None,
+            _ran=False,
+            _use_pytorch=False,
+            _stateful=None,  # a StatefulForward once forward was seen writing buffers
+            _trainable=None,  # requires_grad of each parameter at the last training step
+            _trim_padding=options.trim_padding if options.trim_padding is not None else not on_cuda,
+            padding_stats={"kept_tokens": 0, "total_tokens": 0},
+            # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type).
+            _disable_cache="use_cache" in forward_params and bool(getattr(config, "use_cache", False)),
         )
         self._ort.train(module.training)
+
+    def _set(self, **values) -> None:
+        # Plain attributes, past nn.Module's __setattr__ (which would register ORTModule as a child).
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str):
         try:
@@ -134,7 +129,7 @@ class ORTTrainingModule(nn.Module):
             # ORT's own fallback covers export failures only; a failure building the gradient
             # graph or the session arrives here. Same policy: say why once, train in PyTorch.
             self._record_fallback(describe_failure(exc))
-            object.__setattr__(self, "_use_pytorch", True)
+            self._set(_use_pytorch=True)
             return self.module(*args, **kwargs)
         finally:
             ACTIVE_EXPORT_RECORD.reset(token)
@@ -149,7 +144,7 @@ class ORTTrainingModule(nn.Module):
             return contextlib.nullcontext()
         trainable = tuple(p.requires_grad for p in self.module.parameters())
         changed = self._trainable is not None and trainable != self._trainable
-        object.__setattr__(self, "_trainable", trainable)
+        self._set(_trainable=trainable)
         return compat.recheck_trainable(self._training_manager()) if changed else contextlib.nullcontext()
 
     def _run_ort(self, args, kwargs):
@@ -175,14 +170,14 @@ class ORTTrainingModule(nn.Module):
         watch.restore()
         logger.info("ort_hf: forward writes buffers (%s); they are carried through the ORT graph and updated "
                     "after every step as in PyTorch (re-exporting once).", ", ".join(written))
-        object.__setattr__(self, "_stateful", StatefulForward(self.module, written))
-        object.__setattr__(self, "_ort", _build_ort_module(self._stateful, self.options, ensure_engine()))
+        self._set(_stateful=StatefulForward(self.module, written))
+        self._set(_ort=_build_ort_module(self._stateful, self.options, ensure_engine()))
         self._ort.train(self.training)
         return self._run_ort(args, kwargs)
 
     def _note_backend(self) -> None:
         first = not self._ran
-        object.__setattr__(self, "_ran", True)
+        self._set(_ran=True)
         if first and self.training and self.training_graph() is not None:
             self._check_requested_plans()
         manager = self._ort._fallback_manager
@@ -190,8 +185,7 @@ class ORTTrainingModule(nn.Module):
             self._record_fallback(describe_failure(manager._exception))
 
     def _record_fallback(self, reason: str) -> None:
-        object.__setattr__(self, "_ran", True)
-        object.__setattr__(self, "_fallback_reason", reason)
+        self._set(_ran=True, _fallback_reason=reason)
         logger.warning(
             "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
         )
@@ -200,7 +194,7 @@ class ORTTrainingModule(nn.Module):
         """Run the next training forwards in PyTorch (``True``) or through the ORT session again
         (``False``); session and weights stay as they are (to time PyTorch steps inside a run)."""
         if self._fallback_reason is None:
-            object.__setattr__(self, "_use_pytorch", enabled)
+            self._set(_use_pytorch=enabled)
 
     def finish_in_pytorch(self) -> None:
         """Train the rest of the run in PyTorch and free the ORT session (``--use_ort auto``
@@ -217,18 +211,15 @@ class ORTTrainingModule(nn.Module):
         # re-export, and a budget measured after it includes the dead session's buffers.
         self.release()
         target = self._stateful if self._stateful is not None else self.module
-        object.__setattr__(self, "_ort", _build_ort_module(target, options, state))
-        object.__setattr__(self, "options", options)
-        object.__setattr__(self, "_pythonop", state.pythonop_available and options.enable_custom_autograd)
-        self._record.enable_label_sparsity = options.enable_label_sparsity
-        self._record.enable_mem_reuse = options.mem_reuse_on
-        object.__setattr__(self, "_ran", False)
+        self._set(_ort=_build_ort_module(target, options, state), options=options, _ran=False,
+                  _pythonop=state.pythonop_available and options.enable_custom_autograd)
+        self._record.configure(options, self._on_cuda)
         self._ort.train(self.training)
 
     def release(self) -> None:
         """Drop the ORT session (and its buffers) of a module that will not run again, e.g. the
         one replaced when ``auto_find_batch_size`` retries with a smaller batch."""
-        object.__setattr__(self, "_ort", None)
+        self._set(_ort=None)
         _release_freed_memory()
 
     def reseed(self, seed: int) -> None:
