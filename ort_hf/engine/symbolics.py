@@ -183,65 +183,77 @@ def _causal_keep(g, query, key, rank_q, rank_k):
 def _sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     symbolic_helper, _type_utils = _helpers()
     JST = _type_utils.JitScalarType
-
     q_type = _scalar_type(query, JST.FLOAT)
-    dtype, onnx_dtype = q_type.dtype(), q_type.onnx_type()
-
-    dropout_p = symbolic_helper._maybe_get_const(dropout_p, "f")
     is_causal = bool(symbolic_helper._maybe_get_const(is_causal, "b"))
     enable_gqa = False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
-    has_mask = not symbolic_helper._is_none(attn_mask)
-
     rank_q = symbolic_helper._get_tensor_rank(query) or 4
     rank_k = symbolic_helper._get_tensor_rank(key) or 4
-    sizes_q = symbolic_helper._get_tensor_sizes(query) or [None] * rank_q
-    sizes_k = symbolic_helper._get_tensor_sizes(key) or [None] * rank_k
 
-    # Grouped-query attention: K/V carry fewer heads than Q; repeat each K/V head (torch's
-    # enable_gqa semantics, repeat_interleave on dim -3). Decided from static head counts
-    # when known, otherwise from the enable_gqa flag with the ratio computed at run time.
-    if rank_q >= 3 and rank_k >= 3:
-        h_q, h_k = sizes_q[-3], sizes_k[-3]
-        if h_q is not None and h_k is not None:
-            if h_q != h_k:
-                if h_q % h_k:
-                    raise ValueError(f"scaled_dot_product_attention: {h_q} query heads are not a multiple of {h_k} key/value heads")
-                key = _repeat_heads(g, key, h_q // h_k, rank_k)
-                value = _repeat_heads(g, value, h_q // h_k, rank_k)
-        elif enable_gqa:
-            q_heads = _shape_slice(g, g.op("Shape", query), rank_q - 3, rank_q - 2)
-            k_heads = _shape_slice(g, g.op("Shape", key), rank_k - 3, rank_k - 2)
-            n_rep = g.op("Div", q_heads, k_heads)
-            key = _repeat_heads(g, key, n_rep, rank_k)
-            value = _repeat_heads(g, value, n_rep, rank_k)
-
-    # Scale: the `scale` argument, else 1/sqrt(head_dim). Applied to Q before Q @ K^T.
-    scale = None if symbolic_helper._is_none(scale) else symbolic_helper._maybe_get_const(scale, "f")
-    if scale is None:
-        head_dim = sizes_q[-1]
-        if head_dim is not None:
-            scale_v = _const(g, 1.0 / math.sqrt(head_dim), dtype)
-        else:
-            e = _shape_slice(g, g.op("Shape", query), -1, _INT64_MAX)
-            scale_v = g.op("Reciprocal", g.op("Sqrt", g.op("Cast", e, to_i=onnx_dtype)))
-    elif isinstance(scale, float):
-        scale_v = _const(g, scale, dtype)
-    else:  # a run-time value
-        scale_v = g.op("Cast", scale, to_i=onnx_dtype)
-
+    key, value = _kv_heads_like_query(g, query, key, value, rank_q, rank_k, enable_gqa)
     perm = list(range(rank_k))
     perm[-1], perm[-2] = perm[-2], perm[-1]
-    scores = g.op("MatMul", g.op("Mul", query, scale_v), g.op("Transpose", key, perm_i=perm))
-
-    # Masks. Boolean: True = attend. Float: added to the scores. Rows where every key is
-    # masked give 0 output and 0 gradient (torch's _safe_softmax), without NaN anywhere, so
-    # ORT's Softmax gradient stays finite.
+    scaled_query = g.op("Mul", query, _attention_scale(g, query, scale, q_type, rank_q))
+    scores = g.op("MatMul", scaled_query, g.op("Transpose", key, perm_i=perm))
     keep = _causal_keep(g, query, key, rank_q, rank_k) if is_causal else None
-    row_valid = None  # broadcastable to scores, 1/0 (bool path) or True where row fully masked (float path)
-    mask_is_bool = has_mask and _scalar_type(attn_mask) == JST.BOOL
-    if has_mask and mask_is_bool:
-        keep = attn_mask if keep is None else g.op("And", attn_mask, keep)
-    if keep is not None and not (has_mask and not mask_is_bool):
+    mask = None if symbolic_helper._is_none(attn_mask) else attn_mask
+    scores, zero_masked_rows = _masked_scores(g, scores, mask, keep, q_type)
+    weights = zero_masked_rows(g.op("Softmax", scores, axis_i=-1))
+    weights = _attention_dropout(g, weights, symbolic_helper._maybe_get_const(dropout_p, "f"))
+    return g.op("MatMul", weights, value)
+
+
+def _kv_heads_like_query(g, query, key, value, rank_q: int, rank_k: int, enable_gqa: bool):
+    """Grouped-query attention: K/V carry fewer heads than Q; repeat each K/V head (torch's
+    enable_gqa semantics, repeat_interleave on dim -3). Decided from static head counts when
+    known, otherwise from the enable_gqa flag with the ratio computed at run time."""
+    symbolic_helper, _ = _helpers()
+    if rank_q < 3 or rank_k < 3:
+        return key, value
+    h_q = (symbolic_helper._get_tensor_sizes(query) or [None] * rank_q)[-3]
+    h_k = (symbolic_helper._get_tensor_sizes(key) or [None] * rank_k)[-3]
+    if h_q is not None and h_k is not None:
+        if h_q == h_k:
+            return key, value
+        if h_q % h_k:
+            raise ValueError(f"scaled_dot_product_attention: {h_q} query heads are not a multiple of {h_k} key/value heads")
+        n_rep = h_q // h_k
+    elif enable_gqa:
+        q_heads = _shape_slice(g, g.op("Shape", query), rank_q - 3, rank_q - 2)
+        k_heads = _shape_slice(g, g.op("Shape", key), rank_k - 3, rank_k - 2)
+        n_rep = g.op("Div", q_heads, k_heads)
+    else:
+        return key, value
+    return _repeat_heads(g, key, n_rep, rank_k), _repeat_heads(g, value, n_rep, rank_k)
+
+
+def _attention_scale(g, query, scale, q_type, rank_q: int):
+    """The `scale` argument, else 1/sqrt(head_dim); applied to Q before Q @ K^T."""
+    symbolic_helper, _ = _helpers()
+    dtype, onnx_dtype = q_type.dtype(), q_type.onnx_type()
+    scale = None if symbolic_helper._is_none(scale) else symbolic_helper._maybe_get_const(scale, "f")
+    if isinstance(scale, float):
+        return _const(g, scale, dtype)
+    if scale is not None:  # a run-time value
+        return g.op("Cast", scale, to_i=onnx_dtype)
+    head_dim = (symbolic_helper._get_tensor_sizes(query) or [None] * rank_q)[-1]
+    if head_dim is not None:
+        return _const(g, 1.0 / math.sqrt(head_dim), dtype)
+    e = _shape_slice(g, g.op("Shape", query), -1, _INT64_MAX)
+    return g.op("Reciprocal", g.op("Sqrt", g.op("Cast", e, to_i=onnx_dtype)))
+
+
+def _masked_scores(g, scores, mask, keep, q_type):
+    """The scores with the masks applied, and what zeroes the softmax rows whose every key is
+    masked. Boolean mask (and the causal ``keep``): True = attend. Float mask: added to the scores.
+    Fully masked rows give 0 output and 0 gradient (torch's _safe_softmax), without NaN anywhere,
+    so ORT's Softmax gradient stays finite."""
+    _, _type_utils = _helpers()
+    JST = _type_utils.JitScalarType
+    dtype, onnx_dtype = q_type.dtype(), q_type.onnx_type()
+    float_mask = mask is not None and _scalar_type(mask) != JST.BOOL
+    if mask is not None and not float_mask:
+        keep = mask if keep is None else g.op("And", mask, keep)
+    if keep is not None and not float_mask:
         # Masked scores become the dtype's lowest finite value (not -inf): a fully masked row
         # then softmaxes to a uniform row, which the validity factor zeroes.
         lowest = _const(g, torch.finfo(dtype).min, dtype)
@@ -252,47 +264,41 @@ def _sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
             scores = g.op("Add", scores, g.op("Where", keep, _const(g, 0.0, dtype), lowest))
         else:  # in half precision lowest + a negative score can overflow to -inf
             scores = g.op("Where", keep, scores, lowest)
-        if has_mask:  # causal alone never masks a whole row
-            row_any = _reduce_max_last(g, g.op("Cast", keep, to_i=onnx_dtype))
-            row_valid = ("mul", row_any)
-    elif has_mask:
-        mask = attn_mask
-        m_type = _scalar_type(mask)
-        if m_type is not None and m_type != q_type:
-            mask = g.op("Cast", mask, to_i=onnx_dtype)
-        if keep is not None:  # float mask and is_causal (torch refuses this; combine anyway)
-            # Add, not Where(keep, mask, -inf): ORT's Where gradient does not reduce broadcast
-            # dimensions, and a float mask may need a gradient (T5's position bias).
-            mask = g.op("Add", mask, g.op("Where", keep, _const(g, 0.0, dtype), _const(g, float("-inf"), dtype)))
-        scores = g.op("Add", scores, mask)
-        row_max = _reduce_max_last(g, mask)
-        if dtype not in (torch.float32, torch.float64):  # IsInf is float/double only before opset 20
-            row_max = g.op("Cast", row_max, to_i=JST.FLOAT.onnx_type())
-        neg_inf_row = g.op("IsInf", row_max, detect_positive_i=0, detect_negative_i=1)
-        scores = g.op("Where", neg_inf_row, _const(g, 0.0, dtype), scores)
-        row_valid = ("where", neg_inf_row)
+        if mask is None:  # causal alone never masks a whole row
+            return scores, lambda weights: weights
+        row_any = _reduce_max_last(g, g.op("Cast", keep, to_i=onnx_dtype))
+        return scores, lambda weights: g.op("Mul", weights, row_any)
+    if mask is None:
+        return scores, lambda weights: weights
+    m_type = _scalar_type(mask)
+    if m_type is not None and m_type != q_type:
+        mask = g.op("Cast", mask, to_i=onnx_dtype)
+    if keep is not None:  # float mask and is_causal (torch refuses this; combine anyway)
+        # Add, not Where(keep, mask, -inf): ORT's Where gradient does not reduce broadcast
+        # dimensions, and a float mask may need a gradient (T5's position bias).
+        mask = g.op("Add", mask, g.op("Where", keep, _const(g, 0.0, dtype), _const(g, float("-inf"), dtype)))
+    scores = g.op("Add", scores, mask)
+    row_max = _reduce_max_last(g, mask)
+    if dtype not in (torch.float32, torch.float64):  # IsInf is float/double only before opset 20
+        row_max = g.op("Cast", row_max, to_i=JST.FLOAT.onnx_type())
+    neg_inf_row = g.op("IsInf", row_max, detect_positive_i=0, detect_negative_i=1)
+    scores = g.op("Where", neg_inf_row, _const(g, 0.0, dtype), scores)
+    return scores, lambda weights: g.op("Where", neg_inf_row, _const(g, 0.0, dtype), weights)
 
-    weights = g.op("Softmax", scores, axis_i=-1)
-    if row_valid is not None:
-        kind, v = row_valid
-        if kind == "mul":
-            weights = g.op("Mul", weights, v)
-        else:
-            weights = g.op("Where", v, _const(g, 0.0, dtype), weights)
 
-    # Dropout with training_mode=True and both outputs, which is what ORT's gradient needs.
-    # (SDPA applies dropout_p regardless of module.training, so training_mode is always on;
-    # transformers passes 0.0 in eval.)
+def _attention_dropout(g, weights, dropout_p):
+    """Dropout with training_mode=True and both outputs, which is what ORT's gradient needs.
+    (SDPA applies dropout_p regardless of module.training, so training_mode is always on;
+    transformers passes 0.0 in eval.)"""
     if isinstance(dropout_p, float) and dropout_p == 0.0:
-        pass
+        return weights
+    _, _type_utils = _helpers()
+    if isinstance(dropout_p, float):
+        ratio = _const(g, dropout_p, torch.float)
     else:
-        if isinstance(dropout_p, float):
-            ratio = _const(g, dropout_p, torch.float)
-        else:
-            ratio = g.op("Cast", dropout_p, to_i=_type_utils.JitScalarType.FLOAT.onnx_type())
-        weights, _mask = g.op("Dropout", weights, ratio, _const(g, True, torch.bool), outputs=2)
-
-    return g.op("MatMul", weights, value)
+        ratio = g.op("Cast", dropout_p, to_i=_type_utils.JitScalarType.FLOAT.onnx_type())
+    weights, _mask = g.op("Dropout", weights, ratio, _const(g, True, torch.bool), outputs=2)
+    return weights
 
 
 # --------------------------------------------------------------------------------------
