@@ -29,3 +29,15 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (the project reads ../shared/data at run time)")
     return SHARED_DATA
+
+
+MULTIPROCESS = {"test_ddp.py", "test_deepspeed.py"}  # torchrun with 2 ranks
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "examples":
+            item.add_marker(pytest.mark.examples)
+        if path.name in MULTIPROCESS:
+            item.add_marker(pytest.mark.multiprocess)
