@@ -49,7 +49,8 @@ def ort_args_class_for(config_cls: type) -> type:
         derived = dataclasses.make_dataclass(name, [], bases=(ORTTrainingArguments, config_cls))
         derived.__module__ = __name__
         derived.__doc__ = f"``{config_cls.__name__}`` with the ORT options of ``ORTTrainingArguments``."
-        setattr(sys.modules[__name__], name, derived)  # importable by name: the Trainer saves the args (training_args.bin)
+        # Importable by name: the Trainer saves the args (training_args.bin).
+        setattr(sys.modules[__name__], name, derived)
         _DERIVED[config_cls] = derived
     return _DERIVED[config_cls]
 
