@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
         logging_steps=max(1, min(10, args.max_steps // 4)), eval_strategy="no",
         save_strategy="no", report_to=[], seed=42, use_ort=args.engine == "ort",
         ort_density_print_every=20, ort_log_level="ERROR",
+        dataloader_pin_memory=torch.cuda.is_available(),  # pinning needs an accelerator (torch warns otherwise)
     )
 
     def accuracy(pred):
@@ -77,8 +79,6 @@ def main(argv: list[str] | None = None) -> dict:
 def compare(args) -> dict:
     """Both engines, each in a fresh process (one's memory and threads never touch the other's)."""
     import os
-
-    import torch
 
     out = Path(args.output_dir)
     env = dict(os.environ)
