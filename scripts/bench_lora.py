@@ -36,23 +36,14 @@ SIZES = {  # hidden, layers, heads, kv heads, intermediate; vocab 32000, lm_head
 VOCAB, SEQ, BATCH = 32000, 128, 4
 
 
-def _vm_hwm_mb(field: str = "VmHWM") -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_vm_hwm() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def _one_run(args) -> dict:
     import torch
     import transformers as tf
     from datasets import Dataset
+
+    from ort_hf.callbacks.memory import ProcessMemory
+
+    memory = ProcessMemory()  # on CPU: the kernel's VmHWM / VmRSS, the peak reset through clear_refs
 
     hidden, layers, heads, kv, inter = SIZES[args.size]
     torch.manual_seed(0)
@@ -79,14 +70,14 @@ def _one_run(args) -> dict:
     def at_trace_end(module, inputs, output):
         # The trace is ORT's export's last forward: the peak so far covers its structure pass too.
         if torch.jit.is_tracing():
-            export["export_peak_mb"] = round(_vm_hwm_mb())
+            export["export_peak_mb"] = round(memory.peak_mb())
 
     model.register_forward_hook(at_trace_end)
 
     class StepTimer(tf.TrainerCallback):
         def on_train_begin(self, a, state, control, **kw):
-            export["rss_at_train_begin_mb"] = round(_vm_hwm_mb("VmRSS"))
-            _reset_vm_hwm()
+            export["rss_at_train_begin_mb"] = round(memory.current_mb())
+            memory.reset_peak()
 
         def on_step_begin(self, a, state, control, **kw):
             self.start, self.cpu_start = time.perf_counter(), time.process_time()
@@ -95,8 +86,8 @@ def _one_run(args) -> dict:
             times.append(time.perf_counter() - self.start)
             cpu_times.append(time.process_time() - self.cpu_start)
             if len(times) == args.warmup:
-                warmup_peak.append(_vm_hwm_mb())
-                _reset_vm_hwm()  # what follows is the steady training peak
+                warmup_peak.append(memory.peak_mb())
+                memory.reset_peak()  # what follows is the steady training peak
 
     common = dict(output_dir=f"/tmp/bench_lora_{os.getpid()}", max_steps=args.steps, per_device_train_batch_size=BATCH,
                   learning_rate=1e-4, optim="sgd", seed=0, report_to=[], save_strategy="no", logging_steps=1,
@@ -112,9 +103,9 @@ def _one_run(args) -> dict:
     else:
         targs = tf.TrainingArguments(**common)
         trainer = tf.Trainer(model=model, args=targs, train_dataset=data, callbacks=[StepTimer()])
-    peak_before_train = _vm_hwm_mb()
+    peak_before_train = memory.peak_mb()
     trainer.train()
-    train_peak = _vm_hwm_mb()
+    train_peak = memory.peak_mb()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     result = {"size": args.size, "engine": args.engine, "threads": args.threads, "lora_r": args.lora_r,
               "params_m": round(params / 1e6, 1), "trainable_m": round(trainable / 1e6, 3),
