@@ -36,9 +36,10 @@ test-all: setup
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo/run_demo.py --output_dir outputs/demo
 
-# Throughput, memory and loss of ORT vs PyTorch on the packaged MiniLM, each variant in a fresh process.
+# Throughput, memory and loss of ORT vs PyTorch (the model's dropout on), each variant in a fresh
+# process, checked against this project's targets; the data from ../shared/data (docs/benchmarks.md).
 bench: setup
-	$(VENV)/bin/ort-hf bench --out outputs/bench
+	$(VENV)/bin/ort-hf bench --out outputs/bench --data_dir ../shared/data --targets bench/targets.toml
 
 # The CUDA side, in its own venv (about 9 GB: CUDA torch 2.13, ORT's CUDA build and its CUDA 11
 # libraries, nvcc wheels). torch's CUDA build comes from the default index, so this machine's pip

@@ -1,6 +1,6 @@
 """Benchmark datasets: identical batches for every variant (static masking, fixed seed).
 
-Defaults read ``../shared/data`` (WikiText-2 raw, GLUE SST-2); ``--train_file`` replaces them:
+Defaults read ``--data_dir`` (WikiText-2 raw, GLUE SST-2); ``--train_file`` replaces them:
 a text file (one document per line) for mlm/clm, a CSV/TSV for classification (columns as
 :mod:`.tables` reads them: a sentence or a sentence pair, and a label).
 """
@@ -21,7 +21,7 @@ MASK_PROB = 0.15
 
 
 def rows_needed(workload: Workload, settings: BenchSettings) -> int:
-    return (settings.steps + settings.warmup_steps) * settings.batch_for(workload)
+    return (settings.steps_for(workload) + settings.warmup_steps) * settings.batch_for(workload)
 
 
 def build_dataset(workload: Workload, settings: BenchSettings, tokenizer) -> Dataset:
@@ -33,9 +33,12 @@ def build_dataset(workload: Workload, settings: BenchSettings, tokenizer) -> Dat
     ids, special = _token_chunks(path, tokenizer, rows, seq)
     if workload.task == "mlm":
         return _masked(ids, special, tokenizer, settings.seed)
+    labels = ids
+    if workload.task == "lora":  # an instruction fine-tune's shape: the loss on the answer, not the prompt
+        labels = ids.masked_fill(torch.arange(seq) < seq // 2, -100)
     # An explicit all-ones mask: decoder exports stay on the masked attention path.
     return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": ids.tolist()})
+                              "labels": labels.tolist()})
 
 
 def collator_for(workload: Workload, tokenizer):

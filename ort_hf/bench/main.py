@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .spec import BASELINE, DEFAULT_VARIANTS, VARIANTS, WORKLOADS, BenchSettings, default_data_dir
+from .spec import BASELINE, DEFAULT_VARIANTS, VARIANTS, WORKLOADS, BenchSettings
 
 
 def _at_least(low: int):
@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "as the baseline)")
     parser.add_argument("--rounds", type=_at_least(1), default=3,
                         help="fresh-process repeats of every variant (default 3)")
-    parser.add_argument("--steps", type=_at_least(1), default=20, help="measured optimizer steps per run")
+    parser.add_argument("--steps", type=_at_least(1), default=None,
+                        help="measured optimizer steps per run (default: 20; lora-200m 8, lora-485m 5)")
     parser.add_argument("--warmup_steps", type=_at_least(1), default=3,
                         help="steps before measuring (at least 1: the first step exports the ORT graph or compiles)")
     parser.add_argument("--batch_size", type=_at_least(1), default=None, help="default: 16 (mlm, sst2), 8 (clm)")
@@ -53,16 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_at_least(1), default=os.cpu_count() or 1,
                         help="OMP_NUM_THREADS, torch threads and ORT's intra-op threads, the same for every variant "
                         "(default: all cores)")
-    parser.add_argument("--dropout", type=float, default=0.0,
-                        help="dropout set in the model config (default 0 so loss curves compare across engines; "
-                        "negative keeps the model's)")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="dropout set in the model config and LoRA (default: the model's own, as users train; "
+                        "0 makes the engines' loss curves comparable)")
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--model_dir", default=None, help="a HF model folder (default: the packaged MiniLM)")
     parser.add_argument("--train_file", default=None,
                         help="text file (mlm, clm), or CSV/TSV with a header or JSON lines (classification): text in sentence, "
                              "text, or a pair (sentence1,sentence2; GLUE's #1 String,#2 String; question,sentence; "
                              "premise,hypothesis), label in label/quality/gold_label (class ids or names)")
-    parser.add_argument("--data_dir", default=str(default_data_dir()), help="where WikiText-2 and GLUE live")
+    parser.add_argument("--data_dir", default=None,
+                        help="folder holding wikitext-2-raw/ and glue/SST-2/ (without it or --train_file, the "
+                        "workloads are skipped)")
+    parser.add_argument("--targets", default=None, help="a TOML file of targets to check the results against "
+                        "(format: ort_hf/bench/targets.py)")
     parser.add_argument("--resume", action="store_true",
                         help="keep successful runs already in --out/runs with the same settings (after an interruption)")
     parser.add_argument("--memory_budget_mb", type=float, default=None,
@@ -92,7 +97,8 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "threads": (f"OMP_NUM_THREADS={settings.threads}, MKL_NUM_THREADS={settings.threads}, "
                     f"torch.set_num_threads({settings.threads}) and ORT's intra-op pool of {settings.threads} "
                     "(--ort_intra_op_threads) in every worker"),
-        "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps} measured steps, "
+        "settings": (f"{args.rounds} rounds, {settings.warmup_steps} warm-up + {settings.steps or 'workload default'} "
+                     "measured steps, "
                      f"batch {settings.batch_size or 'workload default'}, seq {settings.seq_len or 'workload default'}, "
                      f"dropout {'model default' if settings.dropout is None else settings.dropout}, "
                      f"lr {settings.learning_rate}, seed {settings.seed}, "
@@ -138,15 +144,20 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from .render import bar_chart, markdown, write_json
     from .runner import run_all
     from .sources import BadModelDir
-    from .summary import summarize, targets
+    from .summary import summarize
+    from .targets import BadTargets, check_targets, read_targets
     from .tables import BadTable
 
     settings = BenchSettings(
         steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size, seq_len=args.seq_len,
-        threads=args.threads, dropout=None if args.dropout < 0 else args.dropout, learning_rate=args.learning_rate,
+        threads=args.threads, dropout=args.dropout, learning_rate=args.learning_rate,
         model_dir=args.model_dir, train_file=args.train_file, data_dir=args.data_dir,
         memory_budget_mb=args.memory_budget_mb,
     )
+    try:
+        spec = read_targets(args.targets) if args.targets else {}
+    except BadTargets as exc:
+        raise SystemExit(f"ort-hf bench: {exc}") from None
     if "ort-budget" in args.variants and not args.memory_budget_mb:
         raise SystemExit("ort-hf bench: the ort-budget variant needs --memory_budget_mb (e.g. 30% below ort's peak).")
     variants = [BASELINE] + [v for v in args.variants if v != BASELINE]  # ratios need the baseline
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     except BadModelDir as exc:
         raise SystemExit(f"ort-hf bench: {exc}") from None
     rows = summarize(results)
-    goals = targets(rows, model=Path(settings.model_dir).name if settings.model_dir else "MiniLM")
+    goals = check_targets(spec, rows, settings.dropout)
     conditions = _conditions(args, settings, argv, load_before, results)
     text = markdown(rows, goals, conditions)
     (out / "bench.md").write_text(text)

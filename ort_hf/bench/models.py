@@ -1,19 +1,20 @@
-"""Benchmark models: the packaged MiniLM (or ``--model_dir``), a tiny Llama built in code for
-clm, and :class:`MaskedHeadMLM`, the hand-written PyTorch comparison for ORT's label sparsity."""
+"""Benchmark models: the packaged MiniLM (or ``--model_dir``); built in code, a tiny Llama for
+clm, a BERT-base-sized classifier and Qwen2-shaped causal LMs with LoRA; and
+:class:`MaskedHeadMLM`, the hand-written PyTorch comparison for ORT's label sparsity."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
-                          AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaForCausalLM)
+                          AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification,
+                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 from transformers.utils import ModelOutput
 
 from .sources import is_causal_lm, model_dir
 from .spec import BenchSettings, Workload
 
 from ..module_with_loss import IGNORE_INDEX
-
 
 
 def load_tokenizer(settings: BenchSettings):
@@ -69,12 +70,49 @@ class MaskedHeadMLM(nn.Module):
 
 
 def _config(settings: BenchSettings, **overrides):
-    config = AutoConfig.from_pretrained(model_dir(settings), **overrides)
-    if settings.dropout is not None:
+    return _with_dropout(AutoConfig.from_pretrained(model_dir(settings), **overrides), settings.dropout)
+
+
+def _with_dropout(config, dropout: float | None):
+    """``config`` with every dropout probability set to ``dropout`` (None: the model's own)."""
+    if dropout is not None:
         for name, value in vars(config).items():
             if isinstance(value, float) and ("dropout" in name or name.endswith("_pdrop")):
-                setattr(config, name, settings.dropout)
+                setattr(config, name, dropout)
     return config
+
+
+# Qwen2-shaped causal LMs for the LoRA workloads: hidden, layers, heads, kv heads, intermediate
+# (with a 30k vocabulary and an untied head, about 55M, 200M and 485M parameters).
+QWEN2_SIZES = {"55m": (512, 8, 8, 4, 1408), "200m": (1024, 12, 16, 8, 2816), "485m": (1536, 16, 12, 4, 4224)}
+LORA_DROPOUT = 0.05  # the value PEFT's and TRL's LoRA examples use; --dropout replaces it
+
+
+def _qwen2_lora(size: str, vocab_size: int, seq_len: int, dropout: float | None) -> nn.Module:
+    import peft
+
+    hidden, layers, heads, kv_heads, intermediate = QWEN2_SIZES[size]
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
+                         max_position_embeddings=seq_len, tie_word_embeddings=False, use_cache=False, pad_token_id=0)
+    model = Qwen2ForCausalLM(_with_dropout(config, dropout))
+    lora = peft.LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                           lora_dropout=LORA_DROPOUT if dropout is None else dropout)
+    return peft.get_peft_model(model, lora)
+
+
+def _bert_base(vocab_size: int, seq_len: int, dropout: float | None, num_labels: int, pad_token_id) -> nn.Module:
+    config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=max(seq_len, 512), num_labels=num_labels,
+                        pad_token_id=pad_token_id or 0)
+    return BertForSequenceClassification(_with_dropout(config, dropout))
+
+
+def _built_in(workload: Workload, settings: BenchSettings, tokenizer, num_labels: int) -> nn.Module:
+    seq = settings.seq_for(workload)
+    if workload.built_in == "bert-base":
+        return _bert_base(len(tokenizer), seq, settings.dropout, num_labels, tokenizer.pad_token_id)
+    return _qwen2_lora(workload.built_in.removeprefix("qwen2-"), len(tokenizer), seq, settings.dropout)
 
 
 def tiny_llama(vocab_size: int, seq_len: int, dropout: float | None) -> LlamaForCausalLM:
@@ -91,6 +129,8 @@ def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_h
     """Seeded, so every variant starts from the same weights (new heads included). ``num_labels``
     sizes the classification head (the classes the data names)."""
     torch.manual_seed(settings.seed)
+    if workload.built_in:
+        return _built_in(workload, settings, tokenizer, num_labels)
     path = model_dir(settings)
     if workload.task == "mlm":
         model = AutoModelForMaskedLM.from_pretrained(path, config=_config(settings))

@@ -29,8 +29,8 @@ def _row_cells(r: dict) -> list[str]:
         speed,
         f"{r['tokens_per_s']:.0f}",
         f"{r['step_median_ms']:.0f} [{r['step_p25_ms']:.0f}–{r['step_p75_ms']:.0f}]",
-        f"{_f(r['run_peak_mb'], '{:.0f}')} / {_f(r['steady_peak_mb'], '{:.0f}')}",
-        f"{_f(r['export_s'], '{:.1f}')} / {_f(r['ort_init_s'], '{:.1f}')}",
+        " / ".join(_f(r.get(k), "{:.0f}") for k in ("run_peak_mb", "first_step_peak_mb", "steady_peak_mb")),
+        f"{_f(r['export_s'], '{:.1f}')} / {_f(r.get('export_peak_mb'), '{:.0f}')} / {_f(r['ort_init_s'], '{:.1f}')}",
         _f(r["first_step_s"], "{:.1f}"),
         _whole_run(r),
         loss,
@@ -45,7 +45,8 @@ def _whole_run(r: dict) -> str:
 
 
 HEADER = ["workload", "variant", "engine", "samples/s median (min–max)", "vs eager (per-round range)",
-          "non-pad tokens/s", "step ms median [IQR]", "peak RSS MB run / steady", "export s / ORT init s",
+          "non-pad tokens/s", "step ms median [IQR]", "peak RSS MB run / first step / steady",
+          "export s / export peak MB / ORT init s",
           "first step s", "train() s (vs eager)", "final loss @step", "loss rel. diff vs eager"]
 
 
@@ -58,14 +59,23 @@ def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
               "excluded), median over rounds; the ratio is to eager's median in this invocation, the range "
               "its per-round paired ratios. Step time pools all measured steps of all rounds; a step runs from "
               "the end of one optimizer step to the end of the next (data loading, callbacks and logging "
-              "included). Run peak = memory/run_peak_mb (whole run, export step included); steady = the "
+              "included). Run peak = memory/run_peak_mb (the whole process: loading, the export step, every "
+              "step); first step = the first step's peak (ORT: export, session build and the step); steady = the "
               "largest per-step peak after warm-up. Peaks are resident memory (VmHWM); the memory observer "
               "resets that counter at each phase, so an outside /usr/bin/time -v of a worker sees only the "
-              "peak since the last reset, less than these. Export = ort/export_s; ORT init = export + session "
+              "peak since the last reset, less than these. Export = ort/export_s; export peak = the peak at the "
+              "end of the export's trace (its output-structure pass and the trace); ORT init = export + session "
               "build, as ORTModule prints it. train() = the Trainer's train_runtime for the whole run, warm-up and "
               "the export or compilation in the first step included, median over rounds: what a stopwatch around "
               "trainer.train() sees. Its ratio (eager's time over this variant's) counts that one-off cost, which "
-              "the steady ratio leaves out, so on a short run it is the lower of the two for ORT and compile."]
+              "the steady ratio leaves out, so on a short run it is the lower of the two for ORT and compile. "
+              "With dropout on, each engine draws its own masks and the losses differ by that; --dropout 0 "
+              "compares them."]
+    sizes = [r for r in rows if r["variant"] == BASELINE and r.get("params_m")]
+    if sizes:
+        lines += ["", "Models: " + "; ".join(
+            f"{r['workload']} {r['params_m']:.1f}M parameters ({r['trainable_params_m']:.2f}M trained)"
+            for r in sizes) + "."]
     same = [r for r in rows if "vs_same_input" in r]
     if same:
         lines += ["", "Same input (the trim's share taken out): " + "; ".join(

@@ -90,11 +90,11 @@ def run_all(workloads: list[str], variants: list[str], rounds: int, settings: Be
     config = model_config(settings)
     for workload in workloads:
         try:
-            data_file(WORKLOADS[workload], settings)
             problem = (model_problem(WORKLOADS[workload], settings, config)
                        or length_problem(WORKLOADS[workload], settings, config))
             if problem:
                 raise DataMissing(problem)
+            data_file(WORKLOADS[workload], settings)
             ready.append(workload)
         except DataMissing as exc:
             echo(f"ort-hf bench: skipping workload {workload}: {exc}")

@@ -11,8 +11,8 @@ from pathlib import Path
 from .spec import BenchSettings, Workload
 from .tables import TABLE_SUFFIXES, read_table
 
-# WikiText-2's train split is not in ../shared/data (see its SOURCES.md): the test split, then
-# the validation split, stand in; for throughput the split does not matter.
+# Under --data_dir: WikiText-2 raw's test split, else its validation split (for throughput the
+# split does not matter), and GLUE SST-2's training set.
 WIKITEXT = ("wikitext-2-raw/wiki.test.raw", "wikitext-2-raw/wiki.valid.raw")
 SST2 = "glue/SST-2/train.tsv"
 
@@ -74,6 +74,8 @@ def model_problem(workload: Workload, settings: BenchSettings, config: dict) -> 
     from transformers.models.auto.modeling_auto import (MODEL_FOR_MASKED_LM_MAPPING_NAMES,
                                                         MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
+    if workload.built_in:
+        return None  # built in code for the workload: only the folder's tokenizer is used
     model_type = config.get("model_type")
     what = f"{model_dir(settings)} ({model_type}, {', '.join(config.get('architectures') or ['no architectures'])})"
     if workload.task == "mlm" and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
@@ -90,8 +92,8 @@ def model_problem(workload: Workload, settings: BenchSettings, config: dict) -> 
 
 def length_problem(workload: Workload, settings: BenchSettings, config: dict) -> str | None:
     """Why the workload's sequences do not fit the model's positions (None when they do)."""
-    if workload.task == "clm" and not is_causal_lm(config.get("architectures")):
-        return None  # no --model_dir (model_problem refuses others): clm trains the tiny Llama, built for it
+    if workload.built_in or (workload.task == "clm" and not is_causal_lm(config.get("architectures"))):
+        return None  # a model built in code for the workload's sequences (clm: the tiny Llama without --model_dir)
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if config.get("model_type") in PADDING_OFFSET_TYPES and isinstance(positions, int):
         positions -= (config.get("pad_token_id") or 0) + 1  # position ids start after the padding id
@@ -116,8 +118,11 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
         if workload.task != "cls" and is_table:
             raise DataMissing(f"{workload.name} needs a text file; --train_file is a table ({path.name})")
         return path
-    root = Path(settings.data_dir)
     candidates = [SST2] if workload.task == "cls" else list(WIKITEXT)
+    if settings.data_dir is None:
+        raise DataMissing(f"{workload.name} reads {' or '.join(candidates)} under --data_dir (none given), "
+                          "or pass --train_file")
+    root = Path(settings.data_dir)
     for rel in candidates:
         if (root / rel).is_file():
             return root / rel

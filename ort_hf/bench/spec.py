@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 BASELINE = "eager"
 
@@ -11,11 +10,13 @@ BASELINE = "eager"
 @dataclass(frozen=True)
 class Workload:
     name: str
-    task: str  # "mlm", "cls" or "clm"
+    task: str  # "mlm", "cls", "clm", or "lora" (LoRA on a causal LM, the first half of each row's labels masked)
     seq_len: int
     batch_size: int
     padding: str  # "none" (packed chunks), "max_length" or "dynamic"
     about: str
+    built_in: str | None = None  # a model built in code (models.BUILT_IN), whatever --model_dir says
+    steps: int = 20  # measured steps unless --steps: fewer for the models whose steps take seconds
 
 
 WORKLOADS = {
@@ -26,6 +27,12 @@ WORKLOADS = {
         Workload("sst2-dynamic", "cls", 128, 16, "dynamic", "SST-2 classification, padded to the longest row"),
         Workload("clm", "clm", 256, 8, "none",
                  "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks"),
+        Workload("bert-base", "cls", 128, 16, "dynamic", "SST-2 with dynamic padding, a BERT-base-sized classifier "
+                 "(12 x 768) built in code, full fine-tune", built_in="bert-base"),
+        *(Workload(f"lora-{size}", "lora", 128, 4, "none", f"PEFT LoRA (r=8 on q/v, lora_dropout 0.05) on a "
+                   f"~{size.upper()}-parameter Qwen2 built in code; 128-token WikiText-2 chunks, the first half of "
+                   "each row's labels masked (a prompt)", built_in=f"qwen2-{size}", steps=steps)
+          for size, steps in (("55m", 20), ("200m", 8), ("485m", 5))),
     )
 }
 
@@ -37,7 +44,7 @@ class Variant:
     about: str
     torch_compile: bool = False
     memory_opt_level: int = 0
-    tasks: tuple[str, ...] = ("mlm", "cls", "clm")
+    tasks: tuple[str, ...] = ("mlm", "cls", "clm", "lora")
     budget: bool = False  # ORTTrainer budget mode with --memory_budget_mb
     trim: bool = False  # PyTorch fed the batches ORT's CPU path runs (trailing all-padding columns dropped)
     paddings: tuple[str, ...] = ("none", "max_length", "dynamic")  # the workload paddings it applies to
@@ -48,7 +55,8 @@ VARIANTS = {
     v.name: v
     for v in (
         Variant(BASELINE, False, "HF Trainer path in PyTorch, SDPA attention (use_ort=False): the baseline"),
-        Variant("compile", False, "torch.compile (torch_compile=True, use_ort=False)", torch_compile=True),
+        Variant("compile", False, "torch.compile (torch_compile=True, use_ort=False)", torch_compile=True,
+                tasks=("mlm", "cls", "clm")),
         Variant("eager-trim", False, "eager fed the batches ORT's CPU path runs (trailing all-padding columns "
                 "dropped): the engine's like-for-like baseline on padded data", trim=True, tasks=("cls",),
                 paddings=("max_length",)),
@@ -56,7 +64,7 @@ VARIANTS = {
                 tasks=("mlm",)),
         Variant("ort", True, "ORTTrainer defaults (ORTModule, ModuleWithLoss, label sparsity)"),
         Variant("ort-recompute", True, "ORTTrainer with ort_memory_opt_level=1 (layer-wise recompute)",
-                memory_opt_level=1),
+                memory_opt_level=1, tasks=("mlm", "cls", "clm")),
         Variant("ort-recompute2", True, "ORTTrainer with ort_memory_opt_level=2 (layer-wise plus compromised plans)",
                 memory_opt_level=2, default=False),
         Variant("ort-budget", True, "ORTTrainer budget mode (ort_memory_budget_mb=--memory_budget_mb)",
@@ -66,30 +74,25 @@ VARIANTS = {
 DEFAULT_VARIANTS = [name for name, v in VARIANTS.items() if v.default]
 
 
-def default_data_dir() -> Path:
-    """``../shared/data`` next to the project checkout (``/work/shared/data`` here), else (an
-    installed package) ``../shared/data`` from the working directory."""
-    beside_checkout = Path(__file__).resolve().parents[3] / "shared" / "data"
-    from_cwd = Path.cwd().parent / "shared" / "data"
-    return beside_checkout if beside_checkout.is_dir() or not from_cwd.is_dir() else from_cwd
-
-
 @dataclass
 class BenchSettings:
     """Settings every worker of one invocation shares (``None`` = the workload's default)."""
 
-    steps: int = 20
+    steps: int | None = None  # None: the workload's
     warmup_steps: int = 3
     batch_size: int | None = None
     seq_len: int | None = None
     threads: int = 2
-    dropout: float | None = 0.0  # 0: loss curves comparable across engines; None keeps the model's
+    dropout: float | None = None  # None keeps the model's (what users train with); 0 makes loss curves comparable
     learning_rate: float = 1e-4
     seed: int = 0
     model_dir: str | None = None
     train_file: str | None = None
-    data_dir: str = field(default_factory=lambda: str(default_data_dir()))
+    data_dir: str | None = None
     memory_budget_mb: float | None = None  # for the ort-budget variant
+
+    def steps_for(self, workload: Workload) -> int:
+        return self.steps or workload.steps
 
     def batch_for(self, workload: Workload) -> int:
         return self.batch_size or workload.batch_size

@@ -1,5 +1,5 @@
 """From worker results to one row per (workload, variant), with ratios to the baseline measured
-in the same invocation, loss agreement, and the project's targets."""
+in the same invocation, and loss agreement."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from collections import defaultdict
 
 from .spec import BASELINE, VARIANTS
 from .stats import quantile
-
-MINILM_WORKLOADS = ("mlm", "sst2-padded", "sst2-dynamic")
-
 
 def _median(values):
     values = [v for v in values if v is not None]
@@ -45,7 +42,7 @@ def _paired(runs: list[dict], reference_runs: list[dict]) -> list[float]:
 def _compare_same_input(row: dict, rows: list[dict], runs: list[dict], trim_runs: list[dict]) -> None:
     """ORT against eager fed the same trimmed batches (``eager-trim``), where that variant ran:
     what ORT's engine buys on padded data, apart from what the trim buys."""
-    trim = _get(rows, row["workload"], "eager-trim")
+    trim = find_row(rows, row["workload"], "eager-trim")
     if trim is None or row["status"] != "ok" or not VARIANTS[row["variant"]].use_ort:
         return
     row["vs_same_input"] = row["samples_per_s"] / trim["samples_per_s"]
@@ -70,13 +67,18 @@ def _row(workload: str, variant: str, runs: list[dict]) -> dict:
         samples_per_s=_median([r["samples_per_s"] for r in ok]),
         samples_per_s_min=min(r["samples_per_s"] for r in ok),
         samples_per_s_max=max(r["samples_per_s"] for r in ok),
+        samples_per_s_by_round={str(r["round"]): r["samples_per_s"] for r in ok},
         tokens_per_s=_median([r["tokens_per_s"] for r in ok]),
         step_median_ms=1000 * statistics.median(steps),
         step_p25_ms=1000 * quantile(steps, 0.25),
         step_p75_ms=1000 * quantile(steps, 0.75),
         step_min_ms=1000 * min(steps),
         step_max_ms=1000 * max(steps),
+        params_m=first.get("params_m"),
+        trainable_params_m=first.get("trainable_params_m"),
         run_peak_mb=_median([r.get("run_peak_mb") for r in ok]),
+        first_step_peak_mb=_median([r.get("first_step_peak_mb") for r in ok]),
+        export_peak_mb=_median([r.get("export_peak_mb") for r in ok]),
         steady_peak_mb=_median([r.get("steady_peak_mb") for r in ok]),
         export_s=_median([r.get("export_s") for r in ok]),
         ort_init_s=_median([r.get("ort_init_s") for r in ok]),
@@ -103,8 +105,9 @@ def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: list[dic
     if row.get("train_runtime_s") and base.get("train_runtime_s"):
         # Every variant trains the same steps on the same batches: the time ratio is the throughput ratio.
         row["whole_run_speedup"] = base["train_runtime_s"] / row["train_runtime_s"]
-    if row["run_peak_mb"] and base["run_peak_mb"]:
-        row["memory_ratio"] = row["run_peak_mb"] / base["run_peak_mb"]
+    for peak in ("run_peak_mb", "first_step_peak_mb", "steady_peak_mb"):
+        if row.get(peak) and base.get(peak):
+            row[peak.replace("_mb", "_ratio")] = row[peak] / base[peak]
     ref = _loss_at(base["losses"], row["final_step"])
     if ref:
         row["final_loss_rel_diff"] = (row["final_loss"] - ref) / abs(ref)
@@ -113,45 +116,13 @@ def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: list[dic
         row["curve_max_rel_diff"] = max(diffs)
 
 
-def _get(rows, workload, variant):
+def find_row(rows: list[dict], workload: str, variant: str) -> dict | None:
+    """The successful row of ``variant`` on ``workload``, if any."""
     return next((r for r in rows if r["workload"] == workload and r["variant"] == variant and r["status"] == "ok"),
                 None)
 
 
-def targets(rows: list[dict], model: str = "MiniLM") -> list[dict]:
-    """The project's targets that this invocation measured: target, measured, met. ``model``
-    names the model the MiniLM workloads ran (the targets were set for the packaged MiniLM)."""
-    out = []
-
-    def add(target, measured, met):
-        out.append({"target": target, "measured": measured, "met": bool(met)})
-
-    for workload, goal in (("mlm", 2.0), ("sst2-padded", 1.5), ("sst2-dynamic", 1.0)):
-        ort = _get(rows, workload, "ort")
-        if ort and "speedup" in ort:
-            add(f"{workload}: ort >= {goal:.1f}x eager samples/s", f"{ort['speedup']:.2f}x", ort["speedup"] >= goal)
-    ort = _get(rows, "sst2-padded", "ort")
-    if ort and "vs_same_input" in ort:
-        add("sst2-padded: ort not slower than eager-trim (the engine alone, same batches)",
-            f"{ort['vs_same_input']:.2f}x eager-trim", ort["vs_same_input"] >= 1.0)
-    ort, masked = _get(rows, "mlm", "ort"), _get(rows, "mlm", "masked-head")
-    if ort and masked:
-        ratio = ort["samples_per_s"] / masked["samples_per_s"]
-        add("mlm: ort not slower than masked-head", f"{ratio:.2f}x masked-head", ratio >= 1.0)
-    for workload in MINILM_WORKLOADS:
-        ort = _get(rows, workload, "ort")
-        if ort and ort.get("ort_init_s") is not None:
-            add(f"{workload}: ORT export + session ({model}) <= 5 s",
-                f"{ort['ort_init_s']:.1f} s (export {ort['export_s']:.1f} s)", ort["ort_init_s"] <= 5.0)
-    ort_rows = [r for r in rows if r["variant"] == "ort" and r["status"] == "ok" and "speedup" in r]
-    if ort_rows:
-        slowest = min(ort_rows, key=lambda r: r["speedup"])
-        add("no workload slower than eager by more than 3% (ort defaults)",
-            f"slowest {slowest['workload']} {slowest['speedup']:.2f}x", slowest["speedup"] >= 0.97)
-    worst = [r for r in rows if "final_loss_rel_diff" in r and r["variant"] != BASELINE]
-    if worst:
-        w = max(worst, key=lambda r: abs(r["final_loss_rel_diff"]))
-        add("final loss within 1% of eager at the same step (all variants)",
-            f"worst {abs(w['final_loss_rel_diff']):.1e} relative ({w['workload']} / {w['variant']})",
-            abs(w["final_loss_rel_diff"]) <= 0.01)
-    return out
+def per_round_ratios(row: dict, other: dict) -> list[float]:
+    """``row``'s samples/s over ``other``'s, round by round (each round ran every variant back to back)."""
+    mine, theirs = row.get("samples_per_s_by_round", {}), other.get("samples_per_s_by_round", {})
+    return [mine[r] / theirs[r] for r in mine if r in theirs]

@@ -56,3 +56,23 @@ class CountingCollator:
         tokens = int(mask.sum()) if torch.is_tensor(mask) else ids.numel()
         self.batches.append((int(ids.shape[0]), tokens))
         return batch
+
+
+class ExportPeak:
+    """The process's peak memory at the end of ORT's export trace (None without an export).
+
+    The memory observer resets the peak when the first step begins, so the peak read when the
+    trace leaves the model's forward covers the export alone: ORT's output-structure pass and
+    the trace, before its gradient graph and session are built."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from ..callbacks.memory import ProcessMemory
+
+        self.peak_mb: float | None = None
+        self._memory = ProcessMemory()
+        self._handle = model.register_forward_hook(self._at_forward_end)
+
+    def _at_forward_end(self, module, args, output):
+        if torch.jit.is_tracing() and self.peak_mb is None:
+            self.peak_mb = self._memory.peak_mb()
+            self._handle.remove()

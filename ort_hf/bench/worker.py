@@ -1,5 +1,5 @@
 """One benchmark run in a fresh process: ``python -m ort_hf.bench.worker --workload W --variant V
---result out.json [settings]``. Trains ``warmup_steps + steps`` steps through ORTTrainer and
+--result out.json [settings]``. Trains the warm-up and measured steps through ORTTrainer and
 writes what it measured (or why it failed) as JSON. The runner starts one at a time."""
 
 from __future__ import annotations
@@ -90,12 +90,13 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
 
     from ..trainer import ORTTrainer, ORTTrainingArguments
     from .stats import step_stats
-    from .timing import CountingCollator, StepTimer
+    from .timing import CountingCollator, ExportPeak, StepTimer
 
     timer, counter = StepTimer(), CountingCollator(collate)
+    export_peak = ExportPeak(model)
     with tempfile.TemporaryDirectory(prefix="ort-hf-bench-") as out:
         args = ORTTrainingArguments(
-            output_dir=out, max_steps=settings.warmup_steps + settings.steps,
+            output_dir=out, max_steps=settings.warmup_steps + settings.steps_for(workload),
             per_device_train_batch_size=settings.batch_for(workload), learning_rate=settings.learning_rate,
             logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=settings.seed,
             dataloader_num_workers=0, use_ort=variant.use_ort, torch_compile=variant.torch_compile,
@@ -144,7 +145,12 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
         "train_runtime_s": output.metrics["train_runtime"],
         "tokens_per_s": sum(b[1] for b in batches) / total,
         **step_stats(seconds),
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "trainable_params_m": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
         "run_peak_mb": last("memory/run_peak_mb"),
+        # The memory observer's first step (ORT: export, session build and the first step).
+        "first_step_peak_mb": last("ort/export_peak_mb"),
+        "export_peak_mb": export_peak.peak_mb,
         "steady_peak_mb": max(steady) if steady else None,
         "export_s": last("ort/export_s"),
         "first_step_s": last("ort/first_step_s"),

@@ -10,6 +10,7 @@ allocations go through torch's allocator when ORT uses the external allocator (i
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -38,7 +39,8 @@ class ProcessMemory:
 
     def __init__(self) -> None:
         self.cuda = torch.cuda.is_available()
-        self.can_reset = self.cuda or self._try_reset()
+        # Checked without writing: a reset here would lose the peak of what ran before (loading).
+        self.can_reset = self.cuda or os.access("/proc/self/clear_refs", os.W_OK)
         if not self.can_reset:
             logger.warning("ort_hf: /proc/self/clear_refs is not writable: phase peaks are peaks since start.")
 
@@ -55,7 +57,7 @@ class ProcessMemory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         elif self.can_reset:
-            self._try_reset()
+            self.can_reset = self._try_reset()
 
     def peak_mb(self) -> float:
         if self.cuda:
