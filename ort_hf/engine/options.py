@@ -91,7 +91,8 @@ class ORTOptions:
     use_triton: bool = _opt(False, "Refused when on (see USE_TRITON_REFUSED): ORT's Triton code generator does not "
                                    "work with the Triton torch 2.13 installs, and ORT's CPU build ignores it.")
     # ORT registers this optimiser process-wide and reads its variable only at import
-    # (wrap._enable_efficient_attention): once a model asked for it, later CUDA models get it too.
+    # (ortmodule_build._enable_efficient_attention): once a model asked for it, later CUDA models
+    # get it too.
     use_efficient_attention: bool = _opt(False, "CUDA only: replace the attention subgraph by PyTorch's "
                                                 "memory-efficient attention kernels (process-wide once enabled).")
     eval_in_ort: bool = _opt(False, "Evaluate and predict through ORT's inference mode instead of PyTorch.")
