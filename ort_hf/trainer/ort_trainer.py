@@ -20,7 +20,9 @@ from transformers.training_args import ParallelMode
 
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import INFERENCE_OPSET, SPARSITY_THRESHOLD, ORTOptions, fused_adamw_cls_and_kwargs, wrap_model
-from ..module_with_loss import CROSS_ENTROPY, LossInPyTorch, ModuleWithLoss, choose_loss
+from ..module_with_loss import ModuleWithLoss
+from ..module_with_loss.loss_choice import choose_loss
+from ..module_with_loss.module_with_loss import CROSS_ENTROPY, LossInPyTorch
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
 from .deepspeed import prepare_deepspeed

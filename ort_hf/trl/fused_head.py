@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..module_with_loss import IGNORE_INDEX, base_model
+from ..module_with_loss import IGNORE_INDEX
+from ..module_with_loss.module_with_loss import base_model
 
 # Per-token outputs TRL's head can compute (FusedCausalLMOutput fields besides log_probs).
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
