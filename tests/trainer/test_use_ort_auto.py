@@ -5,17 +5,16 @@ uninterrupted Trainer run from the same seed)."""
 
 import pytest
 import torch
-from tiny_models import FAMILIES, build, rule_dataset
+from tiny_models import FAMILIES, build, rule_dataset, tiny_args
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
-from ort_hf.engine.wrap import ORTTrainingModule
+from ort_hf.engine import ORTTrainingModule
 from ort_hf.report.summary import run_summary
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 from ort_hf.trainer.break_even import BreakEvenCallback
 from ort_hf.trainer.training_args import AUTO_COMPARE_STEPS
 
-COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1, report_to=[],
-              save_strategy="no", disable_tqdm=True, seed=0)
+COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3)
 
 
 def _parse(*argv):
@@ -38,7 +37,7 @@ def test_use_ort_parses_true_false_and_auto():
 
 def _trainer_run(output_dir):
     model = build(FAMILIES["bert-cls"])
-    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output_dir), **COMMON), train_dataset=rule_dataset(64))
+    trainer = Trainer(model=model, args=tiny_args(TrainingArguments, output_dir, **COMMON), train_dataset=rule_dataset(64))
     trainer.train()
     return trainer
 
@@ -52,8 +51,8 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     monkeypatch.setattr(ORTTrainingModule, "_run_ort", lambda self, *a: ort_runs.append(1) or real_run_ort(self, *a))
 
     model = build(FAMILIES["bert-cls"])
-    args = ORTTrainingArguments(output_dir=str(tmp_path / "ort"), use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
-                                ort_log_level="ERROR", **COMMON)
+    args = tiny_args(ORTTrainingArguments, tmp_path / "ort", use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
+                     ort_log_level="ERROR", **COMMON)
     trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset(64))
     trainer.train()
 
