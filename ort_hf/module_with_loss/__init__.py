@@ -1,7 +1,8 @@
 """ModuleWithLoss: a model and its loss as one module, so ORT exports the loss into its graph.
 
-The public names; what the trainer uses besides (the first-batch loss choice, the loss in PyTorch)
-is imported from ``loss_choice`` and ``module_with_loss``.
+The public names; what the trainer uses besides (the first-batch loss choice, the loss in PyTorch,
+TRL's fused LM head as a module ORT exports) is imported from ``loss_choice``, ``module_with_loss``
+and ``fused_lm_head``.
 """
 
 from .module_with_loss import IGNORE_INDEX, LOSS_KINDS, ModuleWithLoss

@@ -28,7 +28,7 @@ from .checks import (check_output_dir_writable, check_token_ids, check_train_dat
 from .deepspeed import prepare_deepspeed
 from .neftune import use_exportable_neftune
 from .first_step import record_memory_plans, why_no_label_sparsity
-from ..trl.fused_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
+from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
 from .trainer_args import bind_trainer_arguments, parent_init
 from .training_args import ADAMW_ORT_FUSED, recompute_level_for_checkpointing
 
