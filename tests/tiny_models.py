@@ -171,9 +171,15 @@ def rule_dataset(n: int = 48, seed: int = 0):
 
 # A tiny run's arguments that change nothing it computes: no reports, checkpoints or progress bar.
 QUIET_RUN = dict(report_to=[], save_strategy="no", disable_tqdm=True)
+# Through ORT, a test never measures PyTorch while believing it measures ORT: a failure raises.
+STRICT_ORT = dict(ort_fallback="disable", ort_log_level="ERROR")
 
 
 def tiny_args(args_cls, output_dir, **overrides):
     """``args_cls`` (``TrainingArguments``, ``ORTTrainingArguments``, ...) for a tiny test run: quiet
-    (:data:`QUIET_RUN`), seed 0, a log line per step; ``overrides`` win."""
-    return args_cls(output_dir=str(output_dir), **{**QUIET_RUN, "seed": 0, "logging_steps": 1, **overrides})
+    (:data:`QUIET_RUN`), seed 0, a log line per step, and ORT strict (:data:`STRICT_ORT`) for an ORT
+    arguments class; ``overrides`` win."""
+    from ort_hf.trainer import ORTTrainingArguments
+
+    strict = STRICT_ORT if issubclass(args_cls, ORTTrainingArguments) else {}
+    return args_cls(output_dir=str(output_dir), **{**QUIET_RUN, "seed": 0, "logging_steps": 1, **strict, **overrides})

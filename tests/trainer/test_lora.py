@@ -4,7 +4,7 @@ saved adapter is plain PEFT's."""
 import pytest
 import torch
 from parity import graph_gradients, trainable as trainable_names
-from tiny_models import FAMILIES, build, id_dataset
+from tiny_models import FAMILIES, build, id_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -24,14 +24,9 @@ def _clm_data(rows=16, seq=12):
 
 def _train(out, ort: bool, model=None, data=None, resume=None, **kw):
     model = model if model is not None else _lora(build(FAMILIES["llama-clm"]))
-    args = dict(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1,
-                seed=0, report_to=[], save_strategy="no", disable_tqdm=True, optim="sgd")
-    args.update(kw)
-    if ort:
-        trainer = ORTTrainer(model=model, args=ORTTrainingArguments(ort_fallback="disable", ort_log_level="ERROR",
-                                                                    **args), train_dataset=data or _clm_data())
-    else:
-        trainer = Trainer(model=model, args=TrainingArguments(**args), train_dataset=data or _clm_data())
+    args = tiny_args(ORTTrainingArguments if ort else TrainingArguments, out,
+                     **{"max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-2, "optim": "sgd", **kw})
+    trainer = (ORTTrainer if ort else Trainer)(model=model, args=args, train_dataset=data or _clm_data())
     trainer.train(resume_from_checkpoint=resume)
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 

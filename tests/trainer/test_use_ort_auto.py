@@ -51,8 +51,7 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     monkeypatch.setattr(ORTTrainingModule, "_run_ort", lambda self, *a: ort_runs.append(1) or real_run_ort(self, *a))
 
     model = build(FAMILIES["bert-cls"])
-    args = tiny_args(ORTTrainingArguments, tmp_path / "ort", use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
-                     ort_log_level="ERROR", **COMMON)
+    args = tiny_args(ORTTrainingArguments, tmp_path / "ort", use_ort="auto", ort_compare_steps=2, **COMMON)
     trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset(64))
     trainer.train()
 
