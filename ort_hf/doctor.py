@@ -37,33 +37,29 @@ def _gpu_lines(lines: list, problems: list) -> None:
     """The CUDA side: driver, GPUs against ORT's kernels, provider libraries, one step on CUDA."""
     import torch
 
-    from .engine import cuda
+    from .engine import cuda_setup, gpu_arch_note
 
-    if cuda.provider_library() is None:
+    setup = cuda_setup()
+    if not setup.provider_installed:
         lines.append(("CUDA provider", "none (onnxruntime-training-cpu)"))
         return
-    if not cuda.driver_present():
+    if not setup.driver_present:
         lines.append(("CUDA provider", "installed (gpu extra), but no NVIDIA driver here (libcuda.so.1): "
                                        "ORT trains on CPU, CUDA sessions are refused"))
         return
-    import ctypes
-
-    version = ctypes.c_int()
-    ctypes.CDLL(cuda.DRIVER).cuDriverGetVersion(ctypes.byref(version))
-    driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
-    lines.append(("NVIDIA driver", f"CUDA {driver} (torch {torch.__version__} needs CUDA {torch.version.cuda})"))
-    problem = cuda.check_provider_links()
-    for soname, source in cuda.library_sources().items():
+    lines.append(("NVIDIA driver", f"CUDA {setup.driver_cuda_version} (torch {torch.__version__} needs CUDA "
+                                   f"{torch.version.cuda})"))
+    for soname, source in setup.library_sources.items():
         lines.append((f"  {soname}", source))
-    if problem:
-        problems.append(f"ORT's CUDA provider does not load: {problem}")
+    if setup.provider_problem:
+        problems.append(f"ORT's CUDA provider does not load: {setup.provider_problem}")
     if not torch.cuda.is_available():
-        problems.append(f"torch sees no GPU although the driver is there: a CUDA {driver} driver is older than "
+        problems.append(f"torch sees no GPU although the driver is there: a CUDA {setup.driver_cuda_version} driver is older than "
                         f"torch's CUDA {torch.version.cuda}, or no device is visible (CUDA_VISIBLE_DEVICES).")
         return
     for i in range(torch.cuda.device_count()):
         cap = torch.cuda.get_device_capability(i)
-        lines.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)}, {cuda.arch_note(cap)}"))
+        lines.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)}, {gpu_arch_note(cap)}"))
     lines.append(("CUDA training check", _train_one_step("cuda")))
 
 

@@ -57,7 +57,7 @@ def provider_archs(provider: Path) -> tuple[list[tuple[int, int]], list[tuple[in
     """(cubin archs, PTX archs) in the provider library, read with cuobjdump."""
     from ort_hf.engine import cuda_toolkit
 
-    wheel_bin = cuda_toolkit._wheel_nvcc()
+    wheel_bin = cuda_toolkit.wheel_nvcc_root()
     tool = shutil.which("cuobjdump", path=str(wheel_bin / "bin") if wheel_bin else None) or shutil.which("cuobjdump")
     if tool is None:
         raise FileNotFoundError("cuobjdump not found: pip install the gpu-build extra (nvidia-cuda-cuobjdump)")

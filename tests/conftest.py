@@ -1,12 +1,10 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Tests must never measure PyTorch while believing they measure ORT: every ORT test passes
 # fallback="disable" explicitly and checks engine_status(); HF_HUB_OFFLINE keeps runs offline.

@@ -1,4 +1,5 @@
-"""Tiny transformers configs built in code, one per supported family, and batches for them."""
+"""The tests' tiny things: transformers configs built in code (one per supported family), batches
+and random-id datasets for them, and the Trainer arguments of a tiny run."""
 
 from __future__ import annotations
 
@@ -142,12 +143,43 @@ def make_batch(task: str, generator: torch.Generator, padded: bool = True) -> di
     return batch
 
 
-def rule_dataset(n: int = 48, seed: int = 0):
-    """A sequence-classification ``Dataset`` of ``n`` unpadded rows whose label is a learnable rule
-    (first token above 50)."""
+def rule_labels(ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Sequence-classification labels a model can learn: first token above 50."""
+    return (ids[:, 0] > 50).long()
+
+
+def id_dataset(rows: int = 48, seq: int = SEQ, labels=rule_labels, *, seed: int = 0, low: int = 3, high: int = VOCAB,
+               attention_mask: bool = True):
+    """A ``Dataset`` of ``rows`` unpadded rows of ``seq`` random token ids in [low, high) (3 and up: none
+    is the pad id) drawn from ``seed``, labelled by ``labels(ids, generator)`` (the same generator, after
+    the ids); an all-ones ``attention_mask`` column unless ``attention_mask=False``."""
     from datasets import Dataset
 
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (n, SEQ), generator=gen)
-    labels = (ids[:, 0] > 50).long()
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * SEQ] * n, "labels": labels.tolist()})
+    ids = torch.randint(low, high, (rows, seq), generator=gen)
+    columns = {"input_ids": ids.tolist()}
+    if attention_mask:
+        columns["attention_mask"] = torch.ones_like(ids).tolist()
+    columns["labels"] = labels(ids, gen).tolist()
+    return Dataset.from_dict(columns)
+
+
+def rule_dataset(n: int = 48, seed: int = 0):
+    """Sequence classification on ``n`` rows whose label is a learnable rule (:func:`rule_labels`)."""
+    return id_dataset(n, seed=seed)
+
+
+# A tiny run's arguments that change nothing it computes: no reports, checkpoints or progress bar.
+QUIET_RUN = dict(report_to=[], save_strategy="no", disable_tqdm=True)
+# Through ORT, a test never measures PyTorch while believing it measures ORT: a failure raises.
+STRICT_ORT = dict(ort_fallback="disable", ort_log_level="ERROR")
+
+
+def tiny_args(args_cls, output_dir, **overrides):
+    """``args_cls`` (``TrainingArguments``, ``ORTTrainingArguments``, ...) for a tiny test run: quiet
+    (:data:`QUIET_RUN`), seed 0, a log line per step, and ORT strict (:data:`STRICT_ORT`) for an ORT
+    arguments class; ``overrides`` win."""
+    from ort_hf.trainer import ORTTrainingArguments
+
+    strict = STRICT_ORT if issubclass(args_cls, ORTTrainingArguments) else {}
+    return args_cls(output_dir=str(output_dir), **{**QUIET_RUN, "seed": 0, "logging_steps": 1, **strict, **overrides})

@@ -22,6 +22,9 @@ _LAZY = {
     "LoadBalancingBatchSampler": "sampler",
     "trim_trailing_padding": "padding",
     "extension_dir": "extensions",
+    "CudaSetup": "cuda",
+    "cuda_setup": "cuda",
+    "gpu_arch_note": "cuda",
 }
 
 __all__ = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DRIVER = "libcuda.so.1"
@@ -170,7 +171,37 @@ def check_provider_links() -> str | None:
         return str(exc)
 
 
-def arch_note(capability: tuple[int, int]) -> str:
+@dataclass(frozen=True)
+class CudaSetup:
+    """What this machine offers ORT's CUDA build, as far as it could be looked at: nothing past a
+    missing provider or driver (``ort-hf doctor`` prints it)."""
+
+    provider_installed: bool  # the gpu extra's onnxruntime-training, with its CUDA provider
+    driver_present: bool = False
+    driver_cuda_version: str | None = None  # the newest CUDA the driver supports, e.g. "12.8"
+    provider_problem: str | None = None  # why ORT's CUDA provider does not load (None: it loads)
+    library_sources: dict[str, str] = field(default_factory=dict)  # soname -> where it was loaded from
+
+
+def cuda_setup() -> CudaSetup:
+    """Look at the provider, the driver, and whether the provider's libraries load."""
+    if provider_library() is None:
+        return CudaSetup(provider_installed=False)
+    if not driver_present():
+        return CudaSetup(provider_installed=True)
+    version = ctypes.c_int()
+    ctypes.CDLL(DRIVER).cuDriverGetVersion(ctypes.byref(version))
+    problem = check_provider_links()
+    return CudaSetup(
+        provider_installed=True,
+        driver_present=True,
+        driver_cuda_version=f"{version.value // 1000}.{version.value % 1000 // 10}",
+        provider_problem=problem,
+        library_sources=library_sources(),
+    )
+
+
+def gpu_arch_note(capability: tuple[int, int]) -> str:
     """What ORT's kernels (``ORT_SASS_ARCHS`` / ``ORT_PTX_ARCHS``) mean for a GPU of this compute
     capability. A cubin runs on GPUs of its major version and a minor at least its own."""
     name = f"sm_{capability[0]}{capability[1]}"

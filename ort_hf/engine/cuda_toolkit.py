@@ -87,7 +87,7 @@ def find_toolkit(cache: Path, torch_cuda: str) -> Toolkit:
         if version.split(".")[0] == wanted:
             return Toolkit(Path(folder), version, source, tuple(passed_over))
         passed_over.append(f"{source} ({folder}) is CUDA {version}")
-    wheel = _wheel_nvcc()
+    wheel = wheel_nvcc_root()
     if wheel is not None:
         version = toolkit_version(wheel) or "unknown"
         if version.split(".")[0] == wanted:
@@ -101,7 +101,9 @@ def find_toolkit(cache: Path, torch_cuda: str) -> Toolkit:
     )
 
 
-def _wheel_nvcc() -> Path | None:
+def wheel_nvcc_root() -> Path | None:
+    """The folder of NVIDIA's nvcc wheel (``bin/nvcc``, and ``bin/cuobjdump`` with its wheel), or
+    None when the ``gpu-build`` extra is not installed."""
     root = _nvidia_root()
     for folder in ("cu13", "cuda_nvcc"):
         if root is not None and (root / folder / "bin" / "nvcc").exists():
@@ -111,7 +113,7 @@ def _wheel_nvcc() -> Path | None:
 
 def wheel_cuda_home(cache: Path) -> Path:
     """The CUDA_HOME assembled from NVIDIA's nvcc wheels (the gpu-build extra)."""
-    wheel = _wheel_nvcc()
+    wheel = wheel_nvcc_root()
     if wheel is None:
         raise ExtensionBuildError(f"No nvcc wheels installed: {NVCC_WHEEL_HINT}.")
     return _assemble_cuda_home(wheel, wheel.parent, cache, toolkit_version(wheel) or "unknown")

@@ -59,7 +59,7 @@ def _source_digest(module) -> str:
     """Digest of the source files of every module class in the tree, and of our symbolics."""
     from . import compat, symbolics
 
-    files = {inspect.getsourcefile(compat), inspect.getsourcefile(symbolics)}
+    files = {inspect.getsourcefile(compat), *(str(p) for p in Path(symbolics.__file__).parent.glob("*.py"))}
     for sub in module.modules():
         try:
             files.add(inspect.getsourcefile(type(sub)))

@@ -15,28 +15,28 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterator
+
+from .._field_choices import check_choices
 
 # ORT 1.19.2 engages label sparsity (and embedding sparsity) only below this share of used
 # positions (runtime_inspector's density check, first batch).
 SPARSITY_THRESHOLD = 0.9
 
-LOG_LEVELS = ("VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL")
-FALLBACK_POLICIES = ("auto", "disable")
-MIN_OPSET, MAX_OPSET = 14, 20  # ORT 1.19 gradient builders and torch's TorchScript exporter overlap
-MEMORY_OPT_LEVELS = (0, 1, 2)
 # ORT prints memory-optimizer plans as "<cluster id>:<strategy>:<request count>", e.g.
 # "BiasGelu+:1:-1" (strategy 1 = recompute, 2 = recompute with compromise, count -1 = all).
 # A plan may combine several clusters with commas, as ORT prints them.
 _PLAN_RE = re.compile(r"^[^:\s,]+:[12]:-?\d+(,[^:\s,]+:[12]:-?\d+)*$")
 
 
-def _opt(default=None, help: str = "", factory=None):
-    """An option: its default and its help, declared once (``ORTTrainingArguments`` reads both)."""
+def _opt(default=None, help: str = "", factory=None, choices: tuple | None = None):
+    """An option: its default, its help and its choices, declared once (``ORTTrainingArguments``
+    reads all three; HfArgumentParser makes the choices argparse's)."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 # Read in ORT 1.19.2's onnxruntime/training/ort_triton against Triton 3.7.1 (what torch 2.13's CUDA
@@ -58,14 +58,17 @@ class ORTOptions:
     """
 
     log_level: str = _opt("WARNING", "ORTModule's log level (VERBOSE .. FATAL). WARNING prints ORT's warnings, "
-                                     "including why it falls back.")
+                                     "including why it falls back.",
+                          choices=("VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL"))
     fallback: str = _opt("auto", "'auto': fall back to PyTorch (reason logged once) when ORT cannot export or run "
-                                 "the model; 'disable': raise ORTFallbackError naming the unsupported op.")
+                                 "the model; 'disable': raise ORTFallbackError naming the unsupported op.",
+                         choices=("auto", "disable"))
     # From opset 17 ``LayerNormalization`` is the standard ONNX op, which ORT 1.19's compute
     # optimizer does not move the labels' gather or the token flattening through; at 16 it is
     # ORT's own op and the gather reaches into the last layer (symbolics, ``aten::gelu``).
+    # 14-20: where ORT 1.19's gradient builders and torch's TorchScript exporter overlap.
     opset_version: int = _opt(16, "ONNX opset of ORT's training export (14-20); 16 lets label sparsity reach into "
-                                  "the last layer.")
+                                  "the last layer.", choices=tuple(range(14, 21)))
     save_onnx: bool = _opt(False, "Write the exported and optimised ONNX graphs to --ort_onnx_dir.")
     onnx_dir: str | None = _opt(None, "Folder for --ort_save_onnx (default: the current directory).")
     enable_compute_optimizer: bool = _opt(True, "ORT's FLOP-reduction graph passes.")
@@ -74,7 +77,7 @@ class ORTOptions:
     enable_embedding_sparsity: bool = _opt(True, "ORT's padding elimination from embedding inputs (CUDA only in "
                                                  "ORT 1.19).")
     memory_opt_level: int = _opt(0, "Recompute: 0 off (or --ort_memory_opt_plans), 1 transformer layer-wise, 2 "
-                                    "layer-wise plus compromised plans.")
+                                    "layer-wise plus compromised plans.", choices=(0, 1, 2))
     memory_opt_plans: tuple[str, ...] = _opt(factory=tuple, help="Recompute plans as ORT prints them, "
                                                                  "'cluster:strategy:count' (e.g. BiasGelu+:1:-1).")
     export_cache_dir: str | None = _opt(None, "Cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR; "
@@ -91,7 +94,8 @@ class ORTOptions:
     use_triton: bool = _opt(False, "Refused when on (see USE_TRITON_REFUSED): ORT's Triton code generator does not "
                                    "work with the Triton torch 2.13 installs, and ORT's CPU build ignores it.")
     # ORT registers this optimiser process-wide and reads its variable only at import
-    # (wrap._enable_efficient_attention): once a model asked for it, later CUDA models get it too.
+    # (ortmodule_build._enable_efficient_attention): once a model asked for it, later CUDA models
+    # get it too.
     use_efficient_attention: bool = _opt(False, "CUDA only: replace the attention subgraph by PyTorch's "
                                                 "memory-efficient attention kernels (process-wide once enabled).")
     eval_in_ort: bool = _opt(False, "Evaluate and predict through ORT's inference mode instead of PyTorch.")
@@ -114,41 +118,17 @@ class ORTOptions:
                                                     "heavy CPU work); n sets n.")
 
     def __post_init__(self) -> None:
-        _check_choice("log_level", self.log_level, LOG_LEVELS)
-        _check_choice("fallback", self.fallback, FALLBACK_POLICIES)
-        for name in (
-            "save_onnx",
-            "enable_compute_optimizer",
-            "enable_label_sparsity",
-            "enable_embedding_sparsity",
-            "deepcopy_before_export",
-            "enable_custom_autograd",
-            "mem_efficient_grad_mgmt",
-            "use_triton",
-            "use_efficient_attention",
-            "eval_in_ort",
-            "export_cache_shared",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"ORTOptions.{name} must be True or False, got {getattr(self, name)!r}.")
-        for name in ("trim_padding", "enable_mem_reuse", "intra_op_spinning"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"ORTOptions.{name} must be True, False or None (auto), got {value!r}.")
+        check_choices(self, ORTOptions, lambda name: f"ORTOptions.{name}")
+        for f in fields(self):  # the switches' type, from their annotation
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"ORTOptions.{f.name} must be True or False, got {value!r}.")
+            if f.type == "bool | None" and value is not None and not isinstance(value, bool):
+                raise ValueError(f"ORTOptions.{f.name} must be True, False or None (auto), got {value!r}.")
         _check_optional_int("intra_op_threads", self.intra_op_threads, 1,
                             "a positive integer or None (ORT's default: one per core)")
         _check_optional_int("torch_threads_in_graph", self.torch_threads_in_graph, 0,
                             "None (auto: 1 on CPU), 0 (leave PyTorch's setting) or a positive integer")
-        if not isinstance(self.opset_version, int) or not MIN_OPSET <= self.opset_version <= MAX_OPSET:
-            raise ValueError(
-                f"ORTOptions.opset_version must be an integer from {MIN_OPSET} to {MAX_OPSET}, "
-                f"got {self.opset_version!r}."
-            )
-        if self.memory_opt_level not in MEMORY_OPT_LEVELS:
-            raise ValueError(
-                f"ORTOptions.memory_opt_level must be 0 (off), 1 (layer-wise recompute) or 2 "
-                f"(layer-wise plus compromised plans), got {self.memory_opt_level!r}."
-            )
         if isinstance(self.memory_opt_plans, str):
             raise ValueError("ORTOptions.memory_opt_plans must be a list of plan strings, not one string.")
         object.__setattr__(self, "memory_opt_plans", tuple(self.memory_opt_plans))
@@ -188,11 +168,6 @@ class ORTOptions:
 def _check_optional_int(name: str, value, minimum: int, allowed: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
         raise ValueError(f"ORTOptions.{name} must be {allowed}, got {value!r}.")
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"ORTOptions.{name} must be one of {', '.join(map(str, choices))}; got {value!r}.")
 
 
 def environment_for(options: ORTOptions) -> dict[str, str]:

@@ -1,6 +1,10 @@
-from .loss_choice import LossChoice, choose_loss
-from .module_with_loss import (CROSS_ENTROPY, IGNORE_INDEX, LOSS_KINDS, MODEL_LOSS, USER_LOSS, LossInPyTorch, ModuleWithLoss,
-                               base_model, missing_labels_error)
+"""ModuleWithLoss: a model and its loss as one module, so ORT exports the loss into its graph.
 
-__all__ = ["CROSS_ENTROPY", "IGNORE_INDEX", "LOSS_KINDS", "MODEL_LOSS", "USER_LOSS", "LossChoice", "LossInPyTorch", "ModuleWithLoss",
-           "base_model", "choose_loss", "missing_labels_error"]
+The public names; what the trainer uses besides (the first-batch loss choice, the loss in PyTorch,
+TRL's fused LM head as a module ORT exports) is imported from ``loss_choice``, ``module_with_loss``
+and ``fused_lm_head``.
+"""
+
+from .module_with_loss import IGNORE_INDEX, LOSS_KINDS, ModuleWithLoss
+
+__all__ = ["IGNORE_INDEX", "LOSS_KINDS", "ModuleWithLoss"]

@@ -27,7 +27,7 @@ def use_exportable_neftune(model, handle):
     removes as it would its own."""
     if getattr(handle, "_ort_hf_neftune", False):
         return handle
-    from ..module_with_loss import base_model
+    from ..module_with_loss.module_with_loss import base_model
 
     base = base_model(model)
     handle.remove()

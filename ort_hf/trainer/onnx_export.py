@@ -8,7 +8,7 @@ import inspect
 import torch
 from transformers.utils import find_labels
 
-from ..module_with_loss import base_model
+from ..module_with_loss.module_with_loss import base_model
 
 
 def label_inputs(model, label_names) -> set[str]:

@@ -20,13 +20,15 @@ from transformers.training_args import ParallelMode
 
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import INFERENCE_OPSET, SPARSITY_THRESHOLD, ORTOptions, fused_adamw_cls_and_kwargs, wrap_model
-from ..module_with_loss import CROSS_ENTROPY, LossInPyTorch, ModuleWithLoss, choose_loss
+from ..module_with_loss import ModuleWithLoss
+from ..module_with_loss.loss_choice import choose_loss
+from ..module_with_loss.module_with_loss import CROSS_ENTROPY, LossInPyTorch
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
 from .deepspeed import prepare_deepspeed
 from .neftune import use_exportable_neftune
 from .first_step import record_memory_plans, why_no_label_sparsity
-from ..trl.fused_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
+from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
 from .trainer_args import bind_trainer_arguments, parent_init
 from .training_args import ADAMW_ORT_FUSED, recompute_level_for_checkpointing
 

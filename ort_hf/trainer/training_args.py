@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import logging
 import os
-from argparse import ArgumentTypeError
 from dataclasses import MISSING, dataclass, field, fields
+from typing import Literal
 
 from transformers import TrainingArguments
-from transformers.hf_argparser import string_to_bool
 
+from .._field_choices import check_choices
 from ..engine import ORTOptions
 from .deepspeed import check_deepspeed_args
 
 logger = logging.getLogger(__name__)
 
 ADAMW_ORT_FUSED = "adamw_ort_fused"
-LOSS_PLACEMENTS = ("auto", "always", "never")
 AUTO_COMPARE_STEPS = 10
+
+# --use_ort: True, False or "auto" once the arguments are built. A Literal because HfArgumentParser
+# parses a `bool | str` field as a plain bool, with no room for "auto"; it turns a Literal into
+# argparse choices instead. "true" and "false" are the command line's spellings (__post_init__
+# makes them True and False).
+EngineChoice = Literal["true", "false", "auto", True, False]
 
 
 def _ort(name: str):
@@ -50,16 +55,14 @@ class ORTTrainingArguments(TrainingArguments):
     )
 
     # --- engine selection ---
-    # A string on the command line (true, false or auto), normalised to True, False or "auto"
-    # in __post_init__; HfArgumentParser would parse a bool field with no room for "auto".
-    use_ort: str = field(
-        default="true",
+    use_ort: EngineChoice = field(
+        default=True,
         metadata={
             "help": "Train through ONNX Runtime (ORTModule): true; false = plain PyTorch, for A/B runs; auto = "
             "start through ORT, time both engines on this run (--ort_compare_steps) and train the rest of the "
             "run on the faster one.",
-            "nargs": "?",
-            "const": "true",
+            "nargs": "?",  # --use_ort alone means true
+            "const": True,
         },
     )
     use_module_with_loss: bool = field(
@@ -75,7 +78,8 @@ class ORTTrainingArguments(TrainingArguments):
             "help": "With ModuleWithLoss, where the cross-entropy runs. 'auto': inside the ORT graph when "
             "token labels are sparse enough for label sparsity (< 90%% used, first batch), else in PyTorch "
             "from ORT's logits (ORT's CPU cross-entropy is slower than PyTorch's when there is nothing to "
-            "drop); 'always'; 'never'."
+            "drop); 'always'; 'never'.",
+            "choices": ("auto", "always", "never"),
         },
     )
     ort_load_balancing_sampler: bool = field(
@@ -173,7 +177,8 @@ class ORTTrainingArguments(TrainingArguments):
         wants_ort_fused = self.optim == ADAMW_ORT_FUSED
         if wants_ort_fused:
             self.optim = "adamw_torch"
-        self.use_ort = _engine_choice(self.use_ort)
+        check_choices(self, ORTTrainingArguments, lambda name: f"--{name}")
+        self.use_ort = {"true": True, "false": False}.get(self.use_ort, self.use_ort)
         if getattr(self, "bf16", False) is None and self._on_cpu():
             # TRL's configs declare bf16=None for "bf16 unless fp16"; ORT's CPU kernels have no bfloat16, so
             # left unset it means fp32 on CPU (an explicit bf16=True is refused below), with --use_ort false
@@ -212,10 +217,6 @@ class ORTTrainingArguments(TrainingArguments):
             raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
             raise ValueError("--ort_memory_budget_mb measures with the memory observer: keep --ort_memory_callback on.")
-        if self.ort_loss_in_graph not in LOSS_PLACEMENTS:
-            raise ValueError(
-                f"--ort_loss_in_graph must be one of {', '.join(LOSS_PLACEMENTS)}, got {self.ort_loss_in_graph!r}."
-            )
         if self.ort_density_print_every is not None and self.ort_density_print_every < 1:
             raise ValueError(
                 f"--ort_density_print_every must be a positive number of steps, got {self.ort_density_print_every}."
@@ -282,15 +283,3 @@ def recompute_level_for_checkpointing(level: int, plans) -> int:
     unless a level or plans were chosen already. The two never run together."""
     return 1 if level == 0 and not plans else level
 
-
-def _engine_choice(value) -> bool | str:
-    """``--use_ort``'s value as True, False or ``"auto"``."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        return string_to_bool(text)
-    except ArgumentTypeError:
-        raise ValueError(f"--use_ort takes true, false or auto, got {value!r}.") from None

@@ -12,10 +12,10 @@ def test_a_cuda_session_without_driver_is_refused_not_aborted():
 
 
 def test_gpu_architectures_are_explained():
-    assert cuda.arch_note((8, 0)) == "sm_80: ORT's kernels run from their sm_80 build"
-    assert cuda.arch_note((8, 9)) == "sm_89: ORT's kernels run from their sm_86 build (same major)"
-    assert "JIT-compiles its compute_86 PTX" in cuda.arch_note((9, 0))
-    assert "not supported" in cuda.arch_note((10, 0))
+    assert cuda.gpu_arch_note((8, 0)) == "sm_80: ORT's kernels run from their sm_80 build"
+    assert cuda.gpu_arch_note((8, 9)) == "sm_89: ORT's kernels run from their sm_86 build (same major)"
+    assert "JIT-compiles its compute_86 PTX" in cuda.gpu_arch_note((9, 0))
+    assert "not supported" in cuda.gpu_arch_note((10, 0))
 
 
 def test_cpu_build_loads_no_cuda_library():

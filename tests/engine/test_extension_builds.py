@@ -37,7 +37,7 @@ def test_no_toolkit_of_torchs_cuda_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "cuda-12.4", 12040)))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setattr(cuda_toolkit, "SYSTEM_TOOLKIT", str(tmp_path / "none"))
-    monkeypatch.setattr(cuda_toolkit, "_wheel_nvcc", lambda: None)
+    monkeypatch.setattr(cuda_toolkit, "wheel_nvcc_root", lambda: None)
     with pytest.raises(ExtensionBuildError, match=r"CUDA major version \(13.0\).*is CUDA 12.4.*gpu-build"):
         cuda_toolkit.find_toolkit(tmp_path / "cache", "13.0")
 
@@ -93,7 +93,7 @@ def test_a_failed_extension_is_raised_with_its_build_error_when_required(monkeyp
 def test_the_cuda_home_from_wheels_is_named_by_its_version(tmp_path, monkeypatch):
     wheel = _fake_toolkit(tmp_path / "nvidia" / "cu13", 13000)
     (wheel / "lib").mkdir()
-    monkeypatch.setattr(cuda_toolkit, "_wheel_nvcc", lambda: wheel)
+    monkeypatch.setattr(cuda_toolkit, "wheel_nvcc_root", lambda: wheel)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")

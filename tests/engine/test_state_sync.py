@@ -56,4 +56,4 @@ def test_a_model_that_writes_nothing_is_exported_once():
     for _ in range(2):
         wrapped(torch.randn(3, 4)).sum().backward()
     assert wrapped.engine_status().backend == "ort" and wrapped.engine_status().export_count == 1
-    assert wrapped._stateful is None
+    assert wrapped._run.stateful is None

@@ -5,17 +5,13 @@ import os
 
 import pytest
 import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, VOCAB, build
+from tiny_models import FAMILIES, VOCAB, build, id_dataset
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
 def _data(n=16, high=VOCAB):
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, high, (n, 8), generator=gen)
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * n,
-                              "labels": (ids[:, 0] % 2).tolist()})
+    return id_dataset(n, 8, lambda ids, g: ids[:, 0] % 2, high=high)
 
 
 def _trainer(tmp_path, data, model=None, **kw):

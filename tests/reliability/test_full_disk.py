@@ -11,9 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, VOCAB, build
+from tiny_models import FAMILIES, build, id_dataset
 
 from ort_hf.engine import extensions
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -100,10 +98,8 @@ def test_a_read_only_output_dir_is_refused_before_training(small_disk):
     assert trainer.state.global_step == 0 and trainer.ort_engine_status() is None  # nothing ran
 
 
-def _dataset() -> Dataset:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (48, 16), generator=g)
-    return Dataset.from_dict({"input_ids": ids.tolist(), "labels": (ids[:, 0] % 2).tolist()})
+def _dataset():
+    return id_dataset(48, 16, lambda ids, g: ids[:, 0] % 2, attention_mask=False)
 
 
 def _trainer(out: Path, **kw) -> ORTTrainer:

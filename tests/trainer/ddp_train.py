@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,28 +26,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 import torch.distributed as dist
-from datasets import Dataset
 from safetensors.torch import save_file
 from transformers import BertConfig, BertForSequenceClassification
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402
+from tiny_models import id_dataset
+
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 ROWS, SEQ, STEPS = 160, 16, 10
 
 
-def synthetic_dataset() -> Dataset:
-    gen = torch.Generator().manual_seed(1234)
-    input_ids = torch.randint(3, 100, (ROWS, SEQ), generator=gen)
-    labels = torch.randint(0, 2, (ROWS,), generator=gen)
-    return Dataset.from_dict(
-        {
-            "input_ids": input_ids.tolist(),
-            "attention_mask": torch.ones_like(input_ids).tolist(),
-            "labels": labels.tolist(),
-        }
-    )
+def synthetic_dataset():
+    return id_dataset(ROWS, SEQ, lambda ids, g: torch.randint(0, 2, (ROWS,), generator=g), seed=1234)
 
 
 def tiny_classifier() -> BertForSequenceClassification:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,10 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))
-from ddp_train import synthetic_dataset, tiny_classifier  # noqa: E402
+from ddp_train import synthetic_dataset, tiny_classifier  # the script's own folder is on sys.path
 from transformers import TrainerCallback  # noqa: E402
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402

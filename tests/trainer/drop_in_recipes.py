@@ -6,7 +6,7 @@ import functools
 
 import torch
 from datasets import Dataset
-from tiny_models import FAMILIES, build
+from tiny_models import FAMILIES, build, id_dataset, rule_labels
 from torch import nn
 
 FEATURES, CLASSES = 16, 3
@@ -91,18 +91,17 @@ def features_dataset(n: int = 48, seed: int = 0) -> Dataset:
 
 
 def tokens_dataset(n: int = 48, seed: int = 0, regression: bool = False) -> Dataset:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 100, (n, 16), generator=g)
-    labels = (ids[:, 0] > 50).float() * 2 - 0.5 if regression else (ids[:, 0] > 50).long()
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * n, "labels": labels.tolist()})
+    labels = (lambda ids, g: (ids[:, 0] > 50).float() * 2 - 0.5) if regression else rule_labels
+    return id_dataset(n, 16, labels, seed=seed)
 
 
 def mlm_dataset(n: int = 32, seed: int = 0) -> Dataset:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 100, (n, 16), generator=g)
-    chosen = torch.rand(ids.shape, generator=g) < 0.3
-    chosen[:, 1] = True
-    return Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.masked_fill(~chosen, -100).tolist()})
+    def labels(ids, g):
+        chosen = torch.rand(ids.shape, generator=g) < 0.3
+        chosen[:, 1] = True
+        return ids.masked_fill(~chosen, -100)
+
+    return id_dataset(n, 16, labels, seed=seed, attention_mask=False)
 
 
 def bert_regressor():

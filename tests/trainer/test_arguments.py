@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import tempfile
 
 import pytest
@@ -43,15 +44,31 @@ def test_plans_parse_as_a_list():
 
 
 @pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--ort_memory_opt_level", "5"),
+        ("--ort_opset_version", "11"),
+        ("--ort_fallback", "maybe"),
+        ("--ort_log_level", "CHATTY"),
+        ("--ort_loss_in_graph", "sometimes"),
+        ("--use_ort", "sometimes"),
+    ],
+)
+def test_choices_are_argparse_choices_on_the_command_line_and_checked_in_python(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        _parse(flag, value)
+    assert re.search(rf"argument {flag}/\S+: invalid choice: '?{value}'?", capsys.readouterr().err)
+    field = flag.removeprefix("--")
+    typed = int(value) if field in ("ort_memory_opt_level", "ort_opset_version") else value
+    with pytest.raises(ValueError, match=f"{flag} must be one of"):
+        ORTTrainingArguments(output_dir=OUT, report_to=[], **{field: typed})
+
+
+@pytest.mark.parametrize(
     "argv,flag",
     [
-        (["--ort_memory_opt_level", "5"], "--ort_memory_opt_level"),
-        (["--ort_opset_version", "11"], "--ort_opset_version"),
-        (["--ort_fallback", "maybe"], "--ort_fallback"),
-        (["--ort_log_level", "CHATTY"], "--ort_log_level"),
         (["--ort_memory_opt_plans", "typo"], "--ort_memory_opt_plans"),
         (["--ort_onnx_dir", OUT], "--ort_onnx_dir"),
-        (["--ort_loss_in_graph", "sometimes"], "--ort_loss_in_graph"),
         (["--ort_mem_efficient_grad_mgmt", "--ddp_find_unused_parameters", "true"], "--ddp_find_unused_parameters"),
         (["--ort_density_print_every", "0"], "--ort_density_print_every"),
         (["--ort_memory_budget_mb", "-100"], "--ort_memory_budget_mb"),

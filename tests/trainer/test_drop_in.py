@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from drop_in_recipes import RECIPES
+from tiny_models import tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -22,17 +23,11 @@ def _run(recipe: str, out, ort: bool, resume: str | None = None, **overrides):
     make_model, make_data, extra, trainer_kwargs = RECIPES[recipe]
     torch.manual_seed(0)
     model, data = make_model(), make_data()
-    args = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=8, per_device_eval_batch_size=8,
-                learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no", disable_tqdm=True)
-    args.update(extra)
-    args.update(overrides)
-    if ort:
-        trainer = ORTTrainer(model=model, args=ORTTrainingArguments(ort_fallback="disable", ort_log_level="ERROR",
-                                                                    **args),
-                             train_dataset=data, eval_dataset=data if "eval_strategy" in args else None, **trainer_kwargs)
-    else:
-        trainer = Trainer(model=model, args=TrainingArguments(**args), train_dataset=data,
-                          eval_dataset=data if "eval_strategy" in args else None, **trainer_kwargs)
+    args = {"max_steps": 6, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8, "learning_rate": 1e-3,
+            **extra, **overrides}
+    trainer = (ORTTrainer if ort else Trainer)(
+        model=model, args=tiny_args(ORTTrainingArguments if ort else TrainingArguments, out, **args),
+        train_dataset=data, eval_dataset=data if "eval_strategy" in args else None, **trainer_kwargs)
     trainer.train(resume_from_checkpoint=resume)
     if ort:
         assert trainer.ort_engine_status().backend == "ort", trainer.ort_engine_status()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers as tf
 from datasets import Dataset
-from tiny_models import FAMILIES, VOCAB, _bert, _t5, build
+from tiny_models import FAMILIES, VOCAB, _bert, _t5, build, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -92,13 +92,9 @@ def _train(head: str, out, ort: bool):
     model.train()
     # SGD: Adam would turn float noise in gradients that are zero in exact arithmetic (a QA head's
     # bias shifts every position's logit alike) into steps of lr.
-    args = dict(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1,
-                seed=0, report_to=[], save_strategy="no", disable_tqdm=True, optim="sgd")
-    if ort:
-        trainer = ORTTrainer(model=model, args=ORTTrainingArguments(ort_fallback="disable", ort_log_level="ERROR",
-                                                                    **args), train_dataset=_data(kind))
-    else:
-        trainer = Trainer(model=model, args=TrainingArguments(**args), train_dataset=_data(kind))
+    args = tiny_args(ORTTrainingArguments if ort else TrainingArguments, out, max_steps=4, per_device_train_batch_size=4,
+                     learning_rate=1e-2, optim="sgd")
+    trainer = (ORTTrainer if ort else Trainer)(model=model, args=args, train_dataset=_data(kind))
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -3,9 +3,8 @@ saved adapter is plain PEFT's."""
 
 import pytest
 import torch
-from datasets import Dataset
 from parity import graph_gradients, trainable as trainable_names
-from tiny_models import FAMILIES, VOCAB, build
+from tiny_models import FAMILIES, build, id_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -20,22 +19,14 @@ def _lora(model, task_type="CAUSAL_LM", target=("q_proj", "v_proj"), **kw):
 
 
 def _clm_data(rows=16, seq=12):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (rows, seq), generator=g)
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": ids.masked_fill(torch.arange(seq) < seq // 2, -100).tolist()})  # prompt masked
+    return id_dataset(rows, seq, lambda ids, g: ids.masked_fill(torch.arange(seq) < seq // 2, -100))  # prompt masked
 
 
 def _train(out, ort: bool, model=None, data=None, resume=None, **kw):
     model = model if model is not None else _lora(build(FAMILIES["llama-clm"]))
-    args = dict(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1,
-                seed=0, report_to=[], save_strategy="no", disable_tqdm=True, optim="sgd")
-    args.update(kw)
-    if ort:
-        trainer = ORTTrainer(model=model, args=ORTTrainingArguments(ort_fallback="disable", ort_log_level="ERROR",
-                                                                    **args), train_dataset=data or _clm_data())
-    else:
-        trainer = Trainer(model=model, args=TrainingArguments(**args), train_dataset=data or _clm_data())
+    args = tiny_args(ORTTrainingArguments if ort else TrainingArguments, out,
+                     **{"max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-2, "optim": "sgd", **kw})
+    trainer = (ORTTrainer if ort else Trainer)(model=model, args=args, train_dataset=data or _clm_data())
     trainer.train(resume_from_checkpoint=resume)
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
@@ -91,10 +82,7 @@ def test_lora_resume_continues_the_run(tmp_path):
 def test_lora_on_packaged_minilm_classifier(minilm_dir, tmp_path):
     from transformers import BertForSequenceClassification
 
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, 20000, (16, 12), generator=g)
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": (ids[:, 0] > 10000).long().tolist()})
+    data = id_dataset(16, 12, lambda ids, g: (ids[:, 0] > 10000).long(), low=1000, high=20000)
     runs = {}
     for ort in (False, True):
         torch.manual_seed(0)

@@ -3,8 +3,7 @@ in PyTorch from ORT's logits when labels are dense. Same losses either way."""
 
 import pytest
 import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, VOCAB, build
+from tiny_models import FAMILIES, build, id_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -12,24 +11,16 @@ from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 SEQ, ROWS = 32, 32
 
 
-def _clm_dataset(prompt_len: int) -> Dataset:
+def _clm_dataset(prompt_len: int):
     """Causal-LM rows; the first ``prompt_len`` labels of each row are ignored (SFT-style prompt masking)."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (ROWS, SEQ), generator=g)
-    labels = ids.clone()
-    labels[:, :prompt_len] = -100
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": labels.tolist()})
+    return id_dataset(ROWS, SEQ, lambda ids, g: ids.masked_fill(torch.arange(SEQ) < prompt_len, -100))
 
 
 def _train(cls_trainer, cls_args, out, dataset, family="llama-clm", **kw):
-    args = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no", disable_tqdm=True)
-    if cls_args is ORTTrainingArguments:
-        args.update(ort_fallback="disable", ort_log_level="ERROR")  # an ORT failure raises: no silent PyTorch
+    args = dict(max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-3)
     args.update(kw)
     model = build(FAMILIES[family])
-    trainer = cls_trainer(model=model, args=cls_args(**args), train_dataset=dataset)
+    trainer = cls_trainer(model=model, args=tiny_args(cls_args, out, **args), train_dataset=dataset)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -86,15 +77,11 @@ def test_prompt_masked_labels_keep_the_loss_in_the_graph(pytorch_runs, tmp_path)
 
 
 def test_never_computes_a_sequence_classification_loss_in_pytorch(tmp_path):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (16, 12), generator=g)
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": torch.randint(0, 2, (16,), generator=g).tolist()})
+    data = id_dataset(16, 12, lambda ids, g: torch.randint(0, 2, (16,), generator=g), seed=1, attention_mask=False)
     runs = {}
     for placement in ("auto", "never"):
-        args = ORTTrainingArguments(output_dir=str(tmp_path / placement), max_steps=3, per_device_train_batch_size=4,
-                                    learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no",
-                                    disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
-                                    label_smoothing_factor=0.1, ort_loss_in_graph=placement)
+        args = tiny_args(ORTTrainingArguments, tmp_path / placement, max_steps=3, per_device_train_batch_size=4,
+                         learning_rate=1e-3, label_smoothing_factor=0.1, ort_loss_in_graph=placement)
         trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
         trainer.train()
         runs[placement] = [h["loss"] for h in trainer.state.log_history if "loss" in h]

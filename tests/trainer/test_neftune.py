@@ -1,8 +1,7 @@
 """NEFTune (neftune_noise_alpha) trains inside the ORT graph, with the Trainer's noise."""
 
 import torch
-from datasets import Dataset
-from tiny_models import FAMILIES, VOCAB, build
+from tiny_models import FAMILIES, build, id_dataset
 from torch import nn
 from transformers.integrations.neftune import neftune_post_forward_hook
 
@@ -24,9 +23,7 @@ def test_exportable_hook_draws_the_trainers_noise():
 
 
 def _train(tmp_path, alpha):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (16, 12), generator=g)
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    data = id_dataset(16, 12, lambda ids, g: ids, attention_mask=False)
     model = build(FAMILIES["llama-clm"])
     args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, logging_steps=1,
                                 learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True,

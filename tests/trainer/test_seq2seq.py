@@ -3,18 +3,14 @@
 import numpy as np
 import torch
 import transformers as tf
-from datasets import Dataset
-from tiny_models import VOCAB, _t5
+from tiny_models import _t5, id_dataset, tiny_args
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from ort_hf.trainer import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments
 
 
 def _data(rows=16, seq=10):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, VOCAB, (rows, seq), generator=g)
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": ids[:, :4].tolist()})  # "summarise": copy the first 4 tokens
+    return id_dataset(rows, seq, lambda ids, g: ids[:, :4])  # "summarise": copy the first 4 tokens
 
 
 def token_match(eval_pred):
@@ -27,10 +23,8 @@ def token_match(eval_pred):
 def _run(cls_trainer, cls_args, out):
     torch.manual_seed(0)
     model = tf.T5ForConditionalGeneration(_t5(0.0, "eager"))
-    extra = dict(ort_fallback="disable", ort_log_level="ERROR") if cls_args is ORTSeq2SeqTrainingArguments else {}
-    args = cls_args(output_dir=str(out), max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=8,
-                    learning_rate=0.05, optim="sgd", logging_steps=1, seed=0, report_to=[], save_strategy="no",
-                    disable_tqdm=True, predict_with_generate=True, generation_max_length=6, **extra)
+    args = tiny_args(cls_args, out, max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                     learning_rate=0.05, optim="sgd", predict_with_generate=True, generation_max_length=6)
     trainer = cls_trainer(model=model, args=args, train_dataset=_data(), eval_dataset=_data(8),
                           compute_metrics=token_match)
     trainer.train()

@@ -133,4 +133,4 @@ def test_compare_steps_logs_break_even_and_stays_one_run(tmp_path):
     logged = [h for h in trainer.state.log_history if "ort/break_even_steps" in h]
     assert len(logged) == 1 and logged[0]["step"] == 6  # reported once, when ORT resumes
     assert logged[0]["ort/step_ms"] > 0 and logged[0]["ort/pytorch_step_ms"] > 0
-    assert trainer.ort_engine._use_pytorch is False  # back on ORT for the rest of the run
+    assert trainer.ort_engine._run.use_pytorch is False  # back on ORT for the rest of the run

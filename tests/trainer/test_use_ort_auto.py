@@ -5,17 +5,16 @@ uninterrupted Trainer run from the same seed)."""
 
 import pytest
 import torch
-from tiny_models import FAMILIES, build, rule_dataset
+from tiny_models import FAMILIES, build, rule_dataset, tiny_args
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
-from ort_hf.engine.wrap import ORTTrainingModule
+from ort_hf.engine import ORTTrainingModule
 from ort_hf.report.summary import run_summary
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 from ort_hf.trainer.break_even import BreakEvenCallback
 from ort_hf.trainer.training_args import AUTO_COMPARE_STEPS
 
-COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1, report_to=[],
-              save_strategy="no", disable_tqdm=True, seed=0)
+COMMON = dict(max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3)
 
 
 def _parse(*argv):
@@ -25,19 +24,20 @@ def _parse(*argv):
 def test_use_ort_parses_true_false_and_auto():
     assert _parse().use_ort is True and _parse().ort_compare_steps == 0
     assert _parse("--use_ort").use_ort is True
-    assert _parse("--use_ort", "False").use_ort is False
+    assert _parse("--use_ort", "False").use_ort is False and _parse("--use_ort", "false").use_ort is False
+    assert _parse("--use_ort", "true").use_ort is True
     auto = _parse("--use_ort", "auto")
     assert auto.use_ort == "auto" and auto.ort_compare_steps == AUTO_COMPARE_STEPS
     assert _parse("--use_ort", "auto", "--ort_compare_steps", "3").ort_compare_steps == 3
-    with pytest.raises(ValueError, match="--use_ort takes true, false or auto, got 'sometimes'"):
-        _parse("--use_ort", "sometimes")
+    for value in (True, False, "auto"):
+        assert ORTTrainingArguments(output_dir="out", report_to=[], use_ort=value).use_ort == value
     with pytest.raises(ValueError, match="needs --use_ort true or auto"):
         _parse("--use_ort", "false", "--ort_compare_steps", "3")
 
 
 def _trainer_run(output_dir):
     model = build(FAMILIES["bert-cls"])
-    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output_dir), **COMMON), train_dataset=rule_dataset(64))
+    trainer = Trainer(model=model, args=tiny_args(TrainingArguments, output_dir, **COMMON), train_dataset=rule_dataset(64))
     trainer.train()
     return trainer
 
@@ -51,8 +51,7 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     monkeypatch.setattr(ORTTrainingModule, "_run_ort", lambda self, *a: ort_runs.append(1) or real_run_ort(self, *a))
 
     model = build(FAMILIES["bert-cls"])
-    args = ORTTrainingArguments(output_dir=str(tmp_path / "ort"), use_ort="auto", ort_compare_steps=2, ort_fallback="disable",
-                                ort_log_level="ERROR", **COMMON)
+    args = tiny_args(ORTTrainingArguments, tmp_path / "ort", use_ort="auto", ort_compare_steps=2, **COMMON)
     trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset(64))
     trainer.train()
 

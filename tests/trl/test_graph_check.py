@@ -2,7 +2,7 @@
 
 from onnx import TensorProto, helper
 
-from ort_hf.trl.graph_check import projection_on_gathered_rows, vocab_projections
+from ort_hf.module_with_loss.lm_head_graph_check import projection_on_gathered_rows, vocab_projections
 
 
 def _graph(gathered: bool):

@@ -3,13 +3,9 @@ examples/run_sft (a byte-level tokenizer with a ChatML template and a small Qwen
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "run_sft"))
-from tiny_chat import build_model, build_tokenizer  # noqa: E402
+from tiny_chat import build_model, build_tokenizer  # noqa: F401 - examples/run_sft, on the tests' pythonpath
 
 STEPS = 8
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..module_with_loss import IGNORE_INDEX, base_model
+from .module_with_loss import IGNORE_INDEX, base_model
 
 # Per-token outputs TRL's head can compute (FusedCausalLMOutput fields besides log_probs).
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
@@ -209,7 +209,7 @@ def head_weight_name(module: nn.Module) -> str:
 def head_rows_report(graph, module: FusedLMHeadModule, caller: FusedHeadCaller) -> dict[str, float]:
     """One-time facts for the logs: the share of label positions the head computed (first batch),
     and whether the graph ORT built runs the vocabulary projection on those rows only (read from it)."""
-    from .graph_check import projection_on_gathered_rows
+    from .lm_head_graph_check import projection_on_gathered_rows
 
     return {"ort/head_label_density": round(caller.label_density, 4),
             "ort/head_on_used_rows": float(projection_on_gathered_rows(graph, head_weight_name(module)))}

@@ -1,5 +1,5 @@
 """Read from ORT's training graph where the vocabulary projection runs: on the gathered rows whose
-labels count (what ``fused_head.py`` asks for), or on every position.
+labels count (what ``fused_lm_head.py`` asks for), or on every position.
 
 Check graphs, not intentions: the forward MatMul that takes the LM head's weight must read its
 other operand from a ``Gather`` whose indices come from a ``NonZero`` (the used positions).

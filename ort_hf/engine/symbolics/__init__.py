@@ -1,0 +1,92 @@
+"""ONNX export symbolics that ORTModule needs on current torch to train Hugging Face models.
+
+ORTModule exports the model with torch's TorchScript exporter and then builds the backward
+graph itself from the exported ONNX forward. A few of torch's symbolics produce graphs that
+export fine but that ORT cannot differentiate, or that are not valid ONNX; others are
+missing. The replacements, one module per job, are registered with
+``torch.onnx.register_custom_op_symbolic`` (custom symbolics take precedence over torch's own
+for the opset they are registered in) by :func:`register_training_symbolics`, which the engine
+calls once per ONNX opset before the first export:
+
+- :mod:`.attention`: ``aten::scaled_dot_product_attention``;
+- :mod:`.packed_sequences`: ``aten::diff`` and ``aten::cumsum``;
+- :mod:`.gradient_builder_fixes`: ``aten::where``, ``aten::layer_norm``, and (training exports
+  only) ``aten::logsumexp``;
+- :mod:`.bias_gelu`: ``aten::gelu`` (training exports only).
+
+ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
+``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
+construction, which would put ORT's versions back over torch's registry. So the symbolics
+here are also entered into ORT's table (``CustomOpSymbolicRegistry.register``), provided
+:func:`register_training_symbolics` runs after ``onnxruntime.training.ortmodule`` is imported.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+
+from .attention import sdpa
+from .bias_gelu import gelu
+from .gradient_builder_fixes import layer_norm, logsumexp, where
+from .packed_sequences import cumsum, diff
+
+_DONE: set[int] = set()
+_LOCK = threading.Lock()
+
+SYMBOLICS = {
+    "aten::scaled_dot_product_attention": sdpa,
+    "aten::diff": diff,
+    "aten::cumsum": cumsum,
+    "aten::where": where,
+    "aten::layer_norm": layer_norm,
+}
+# Entered into ORT's table only: ORTModule registers it for its own export's opset on
+# construction, so plain torch.onnx exports (inference) keep torch's symbolic.
+TRAINING_ONLY_SYMBOLICS = {
+    "aten::gelu": gelu,
+    "aten::logsumexp": logsumexp,
+}
+
+
+_ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
+_ort_done = False
+
+
+def _register_with_ort() -> bool:
+    """Put the symbolics into ORT's own table, which ORTModule re-registers on construction.
+
+    Without this, constructing an ORTModule would put ORT's ``layer_norm`` (and, with
+    ``ORTMODULE_ATEN_SDPA_FALLBACK`` set, its SDPA) back over ours. Only done once ORTModule
+    has been imported (importing it needs the compat bridges first).
+    """
+    module = sys.modules.get(_ORT_REGISTRY)
+    if module is None:
+        return False
+    for name, fn in {**SYMBOLICS, **TRAINING_ONLY_SYMBOLICS}.items():
+        domain, _, op = name.partition("::")
+        module.CustomOpSymbolicRegistry.register(op, "" if domain == "aten" else domain, fn)
+    return True
+
+
+def register_training_symbolics(opset_version: int) -> None:
+    """Register this module's symbolics for ``opset_version`` (idempotent; thread-safe).
+
+    Call it after ``onnxruntime.training.ortmodule`` is imported and before the first
+    ORTModule is built, so ORT's table carries them too. Affects every TorchScript ONNX export
+    in the process at that opset, not only ORTModule's; the decompositions compute what torch
+    computes, so plain exports stay correct.
+    """
+    global _ort_done
+    opset_version = int(opset_version)
+    with _LOCK:
+        if opset_version not in _DONE:
+            if opset_version < 14:
+                raise ValueError(f"ort_hf's training symbolics need ONNX opset >= 14 (got {opset_version})")
+            for name, fn in SYMBOLICS.items():
+                torch.onnx.register_custom_op_symbolic(name, fn, opset_version)
+            _DONE.add(opset_version)
+        if not _ort_done:
+            _ort_done = _register_with_ort()
