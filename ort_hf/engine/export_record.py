@@ -21,6 +21,7 @@ class ExportRecord:
     intra_op_spinning: bool = True
     torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
     export_cache_shared: bool = False  # ORTOptions.export_cache_shared
+    profile_dir: str | None = None  # ORTOptions.profile_dir
     export_count: int = 0
     export_seconds: float = 0.0
 
@@ -36,6 +37,7 @@ class ExportRecord:
             torch_threads = 0 if on_cuda else 1
         self.torch_threads = torch_threads or None
         self.export_cache_shared = options.export_cache_shared
+        self.profile_dir = options.profile_dir
 
 
 # The wrapped model whose forward is running.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import threading
 
 from .._batches import first_rows
@@ -54,6 +55,12 @@ def _session_config_per_model(original):
             session_options.intra_op_num_threads = record.intra_op_threads
         if not record.intra_op_spinning:
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if record.profile_dir:
+            # ORTModule has no profiling switch; ORT writes the file when the session's profiling
+            # ends (TrainingSessionInspection.end_profiling).
+            os.makedirs(record.profile_dir, exist_ok=True)
+            session_options.enable_profiling = True
+            session_options.profile_file_prefix = os.path.join(record.profile_dir, "ort_training_profile")
         return session_options, providers, provider_options
 
     return get_session_config

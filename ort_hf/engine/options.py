@@ -71,6 +71,9 @@ class ORTOptions:
                                   "the last layer.", choices=tuple(range(14, 21)))
     save_onnx: bool = _opt(False, "Write the exported and optimised ONNX graphs to --ort_onnx_dir.")
     onnx_dir: str | None = _opt(None, "Folder for --ort_save_onnx (default: the current directory).")
+    profile_dir: str | None = _opt(None, "Write ONNX Runtime's per-node profile of the training session into this "
+                                         "folder when training ends (a Chrome-trace JSON: every kernel's time at "
+                                         "every step). Slows training; for finding where a step's time goes.")
     enable_compute_optimizer: bool = _opt(True, "ORT's FLOP-reduction graph passes.")
     enable_label_sparsity: bool = _opt(True, "Compute the loss only on non-ignored labels (needs the loss through "
                                              "an nn.CrossEntropyLoss module: ModuleWithLoss).")
@@ -145,7 +148,7 @@ class ORTOptions:
             )
         if self.onnx_dir is not None and not self.save_onnx:
             raise ValueError("ORTOptions.onnx_dir is set but save_onnx is False: set save_onnx=True to write graphs.")
-        for name in ("export_cache_dir", "onnx_dir"):
+        for name in ("export_cache_dir", "onnx_dir", "profile_dir"):
             folder = getattr(self, name)
             if folder and os.path.exists(folder) and not os.path.isdir(folder):
                 raise ValueError(f"ORTOptions.{name}: {folder!r} is a file, not a folder; give a folder path.")

@@ -52,6 +52,14 @@ class TrainingSessionInspection:
         return {"threads": options.intra_op_num_threads, "spinning": spinning != "0",
                 "torch_threads": getattr(agent, AGENT_TORCH_THREADS, None)}
 
+    def end_profiling(self) -> str | None:
+        """With ``ORTOptions.profile_dir``: end the training session's profiling and return the
+        profile file ORT wrote (None without profiling or a session)."""
+        session = self._session()
+        if session is None or not self.options.profile_dir:
+            return None
+        return session.end_profiling() or None
+
     def memory_plans(self) -> list[MemoryPlan] | None:
         """The memory optimizer's plan table, largest saving first."""
         if self.training_graph() is None:

@@ -101,7 +101,12 @@ class ORTTrainerMixin:
         self._ort_facts_due = not resume_from_checkpoint
         self._ort_new_train_call = True
         with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step):
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
+        profile = self._ort_engine_module.end_profiling() if self._ort_engine_module is not None else None
+        if profile:
+            logger.warning("ort_hf: ORT's per-node profile of this training run: %s (open it in chrome://tracing "
+                           "or https://ui.perfetto.dev)", profile)
+        return output
 
     # --- model wrapping -------------------------------------------------------------------
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader=None) -> nn.Module:

@@ -123,6 +123,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_opset_version: int = _ort("opset_version")
     ort_save_onnx: bool = _ort("save_onnx")
     ort_onnx_dir: str | None = _ort("onnx_dir")
+    ort_profile_dir: str | None = _ort("profile_dir")
     ort_enable_compute_optimizer: bool = _ort("enable_compute_optimizer")
     ort_enable_label_sparsity: bool = _ort("enable_label_sparsity")
     ort_enable_embedding_sparsity: bool = _ort("enable_embedding_sparsity")
