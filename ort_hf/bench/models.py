@@ -12,7 +12,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from transformers.utils import ModelOutput
 
 from .sources import is_causal_lm, model_dir
-from .spec import BenchSettings, Workload
+from .spec import LORA_DROPOUT, BenchSettings, Workload
 
 from ..module_with_loss import IGNORE_INDEX
 
@@ -85,7 +85,6 @@ def _with_dropout(config, dropout: float | None):
 # Qwen2-shaped causal LMs for the LoRA workloads: hidden, layers, heads, kv heads, intermediate
 # (with a 30k vocabulary and an untied head, about 55M, 200M and 485M parameters).
 QWEN2_SIZES = {"55m": (512, 8, 8, 4, 1408), "200m": (1024, 12, 16, 8, 2816), "485m": (1536, 16, 12, 4, 4224)}
-LORA_DROPOUT = 0.05  # the value PEFT's and TRL's LoRA examples use; --dropout replaces it
 
 
 def _qwen2_lora(size: str, vocab_size: int, seq_len: int, dropout: float | None) -> nn.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 BASELINE = "eager"
+LORA_DROPOUT = 0.05  # of the LoRA workloads: the value PEFT's and TRL's LoRA examples use; --dropout replaces it
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class Workload:
     batch_size: int
     padding: str  # "none" (packed chunks), "max_length" or "dynamic"
     about: str
-    built_in: str | None = None  # a model built in code (models.BUILT_IN), whatever --model_dir says
+    built_in: str | None = None  # a model built in code (models._built_in), whatever --model_dir says
     steps: int = 20  # measured steps unless --steps: fewer for the models whose steps take seconds
 
 
@@ -29,7 +30,7 @@ WORKLOADS = {
                  "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks"),
         Workload("bert-base", "cls", 128, 16, "dynamic", "SST-2 with dynamic padding, a BERT-base-sized classifier "
                  "(12 x 768) built in code, full fine-tune", built_in="bert-base"),
-        *(Workload(f"lora-{size}", "lora", 128, 4, "none", f"PEFT LoRA (r=8 on q/v, lora_dropout 0.05) on a "
+        *(Workload(f"lora-{size}", "lora", 128, 4, "none", f"PEFT LoRA (r=8 on q/v, lora_dropout {LORA_DROPOUT}) on a "
                    f"~{size.upper()}-parameter Qwen2 built in code; 128-token WikiText-2 chunks, the first half of "
                    "each row's labels masked (a prompt)", built_in=f"qwen2-{size}", steps=steps)
           for size, steps in (("55m", 20), ("200m", 8), ("485m", 5))),

@@ -26,27 +26,19 @@ def summarize(results: list[dict]) -> list[dict]:
     rows = [_row(workload, variant, runs) for (workload, variant), runs in groups.items()]
     base = {row["workload"]: row for row in rows if row["variant"] == BASELINE and row["status"] == "ok"}
     for row in rows:
-        runs = groups[(row["workload"], row["variant"])]
-        _compare(row, base.get(row["workload"]), runs, groups.get((row["workload"], BASELINE), []))
-        _compare_same_input(row, rows, runs, groups.get((row["workload"], "eager-trim"), []))
+        _compare(row, base.get(row["workload"]))
+        _compare_same_input(row, rows)
     return rows
 
 
-def _paired(runs: list[dict], reference_runs: list[dict]) -> list[float]:
-    """Per-round samples/s ratios to the reference variant: each round ran every variant back to back."""
-    reference = {r["round"]: r for r in reference_runs if r["status"] == "ok"}
-    return [r["samples_per_s"] / reference[r["round"]]["samples_per_s"]
-            for r in runs if r["status"] == "ok" and r["round"] in reference]
-
-
-def _compare_same_input(row: dict, rows: list[dict], runs: list[dict], trim_runs: list[dict]) -> None:
+def _compare_same_input(row: dict, rows: list[dict]) -> None:
     """ORT against eager fed the same trimmed batches (``eager-trim``), where that variant ran:
     what ORT's engine buys on padded data, apart from what the trim buys."""
     trim = find_row(rows, row["workload"], "eager-trim")
     if trim is None or row["status"] != "ok" or not VARIANTS[row["variant"]].use_ort:
         return
     row["vs_same_input"] = row["samples_per_s"] / trim["samples_per_s"]
-    paired = _paired(runs, trim_runs)
+    paired = per_round_ratios(row, trim)
     if paired:
         row["vs_same_input_min"], row["vs_same_input_max"] = min(paired), max(paired)
 
@@ -95,11 +87,11 @@ def _row(workload: str, variant: str, runs: list[dict]) -> dict:
     return row
 
 
-def _compare(row: dict, base: dict | None, runs: list[dict], base_runs: list[dict]) -> None:
+def _compare(row: dict, base: dict | None) -> None:
     if row["status"] != "ok" or base is None:
         return
     row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
-    paired = _paired(runs, base_runs)
+    paired = per_round_ratios(row, base)
     if paired:
         row["speedup_min"], row["speedup_max"] = min(paired), max(paired)
     if row.get("train_runtime_s") and base.get("train_runtime_s"):

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoTokenizer
 
 from ort_hf.bench.data import build_dataset
-from ort_hf.bench.models import LORA_DROPOUT, build_model
+from ort_hf.bench.models import build_model
 from ort_hf.bench.sources import DataMissing, data_file, length_problem, model_config, model_problem
-from ort_hf.bench.spec import WORKLOADS, BenchSettings
+from ort_hf.bench.spec import LORA_DROPOUT, WORKLOADS, BenchSettings
 
 
 def test_lora_rows_mask_the_first_half_of_their_labels(tmp_path, minilm_dir):
