@@ -18,6 +18,7 @@ import threading
 import time
 import types
 
+from . import shape_pass
 from .export_record import ACTIVE_EXPORT_RECORD
 
 _lock = threading.Lock()
@@ -102,7 +103,8 @@ def _export_with_dynamo_off(original):
         record = ACTIVE_EXPORT_RECORD.get()
         start = time.perf_counter()
         try:
-            return original(*args, **kwargs)
+            with shape_pass.weights_withheld():
+                return original(*args, **kwargs)
         finally:
             if record is not None:
                 record.export_count += 1
@@ -147,6 +149,7 @@ def apply_torch_bridges() -> None:
             return
         _bridge_torch_onnx_modules()
         _bridge_exporter_default()
+        shape_pass.install()
         _torch_done = True
 
 
