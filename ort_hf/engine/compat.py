@@ -103,7 +103,7 @@ def _export_with_dynamo_off(original):
         record = ACTIVE_EXPORT_RECORD.get()
         start = time.perf_counter()
         try:
-            with shape_pass.weights_withheld():
+            with shape_pass.weights_withheld():  # not a version bridge: ORT's export memory (shape_pass.py)
                 return original(*args, **kwargs)
         finally:
             if record is not None:
