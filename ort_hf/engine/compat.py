@@ -149,7 +149,9 @@ def apply_torch_bridges() -> None:
             return
         _bridge_torch_onnx_modules()
         _bridge_exporter_default()
-        shape_pass.install()
+        import torch
+
+        _patch(torch._C, shape_pass.PASS, shape_pass.without_weight_values)
         _torch_done = True
 
 

@@ -12,8 +12,9 @@ value is withheld from the pass; scalars, vectors and integer tensors, which sha
 can read, keep theirs. The exported graph is the same byte for byte
 (``tests/engine/test_shape_pass.py``).
 
-The replacement is installed once (:func:`install`, with the torch bridges) and changes nothing
-outside :func:`weights_withheld`, which ``compat``'s export bridge enters around ORT's export.
+``compat`` installs :func:`without_weight_values` over the pass once (with the torch bridges,
+through its ``_patch``); it changes nothing outside :func:`weights_withheld`, which ``compat``'s
+export bridge enters around ORT's export.
 It can go with the TorchScript exporter itself (ORTModule needs it; upstream is frozen).
 """
 
@@ -24,7 +25,7 @@ import contextvars
 
 import torch
 
-_PASS = "_jit_pass_onnx_graph_shape_type_inference"
+PASS = "_jit_pass_onnx_graph_shape_type_inference"  # on torch._C
 _withholding: contextvars.ContextVar[bool] = contextvars.ContextVar("ort_hf_withhold_weights", default=False)
 
 
@@ -33,21 +34,15 @@ def decides_no_shape(value) -> bool:
     return torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 2
 
 
-def _shape_pass(original):
+def without_weight_values(original):
+    """``original`` (the pass), given no weight values inside :func:`weights_withheld`."""
+
     def shape_type_inference(graph, params_dict, opset_version):
         if _withholding.get():
             params_dict = {name: value for name, value in params_dict.items() if not decides_no_shape(value)}
         return original(graph, params_dict, opset_version)
 
-    shape_type_inference._ort_hf_original = original
     return shape_type_inference
-
-
-def install() -> None:
-    """Route the exporter's calls of the pass through :func:`_shape_pass` (once)."""
-    current = getattr(torch._C, _PASS)
-    if not hasattr(current, "_ort_hf_original"):
-        setattr(torch._C, _PASS, _shape_pass(current))
 
 
 @contextlib.contextmanager
