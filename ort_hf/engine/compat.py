@@ -248,6 +248,31 @@ def _bridge_frozen_parameters() -> None:
     _patch(GTM, "_export_model", wrap, static=True)
 
 
+def _bridge_padding_elimination() -> None:
+    # ORT 1.19.2's padding elimination (graph transformer and kernels) is in its CUDA build only.
+    # The exported forward graph is rewritten here, before ORT builds the gradient graph from it,
+    # when the wrapped model's forward asked for it (wrap.py decides per graph build).
+    import torch
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager as GEM
+
+    from .padding_elimination import eliminate_padding
+
+    def wrap(original):
+        def initialize_graph_builder(self, post_export_processed_model_info):
+            record = ACTIVE_EXPORT_RECORD.get()
+            if record is not None:
+                record.padding_rewrite = None
+                if record.eliminate_padding and self._export_mode == torch.onnx.TrainingMode.TRAINING:
+                    info = post_export_processed_model_info
+                    info._post_export_processed_model, record.padding_rewrite = eliminate_padding(
+                        info._post_export_processed_model)
+            return original(self, post_export_processed_model_info)
+
+        return initialize_graph_builder
+
+    _patch(GEM, "_initialize_graph_builder", wrap)
+
+
 @contextlib.contextmanager
 def recheck_trainable(training_manager):
     """Let ORT compare, on the forward run inside, which parameters require grad with the ones its
@@ -295,4 +320,5 @@ def apply_ort_bridges() -> None:
         _bridge_sparsity_switches()
         _bridge_mem_efficient_grad_device()
         _bridge_frozen_parameters()
+        _bridge_padding_elimination()
         _ort_done = True

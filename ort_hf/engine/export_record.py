@@ -24,6 +24,8 @@ class ExportRecord:
     profile_dir: str | None = None  # ORTOptions.profile_dir
     export_count: int = 0
     export_seconds: float = 0.0
+    eliminate_padding: bool = False  # set per training forward: rewrite the graph if one is built now
+    padding_rewrite: object | None = None  # padding_elimination.Rewrite of the graph built last
 
     def configure(self, options, on_cuda: bool) -> None:
         """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default

@@ -105,6 +105,9 @@ class ORTOptions:
     trim_padding: bool | None = _opt(None, "Drop trailing all-padding columns of each training batch before ORT "
                                            "(results unchanged: masked out, no labels). Default: on for CPU, off on "
                                            "CUDA (ORT's padding elimination).")
+    eliminate_padding: bool | None = _opt(None, "Run the token-wise layers on the real tokens only, as ORT's CUDA-only "
+                                                "padding elimination does. Default: on for CPU when the batch that "
+                                                "builds the graph gains from it (docs/how-it-works.md), off on CUDA.")
     enable_mem_reuse: bool | None = _opt(None, "Let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes "
                                                "it off). Default: on when recompute is on, which is what makes "
                                                "recompute lower the peak.")

@@ -18,6 +18,7 @@ from .failures import describe_failure
 from .options import ORTOptions
 from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_autograd
 from .padding import trim_trailing_padding
+from .padding_elimination import padding_unread, worth_eliminating
 from .precision import check_precision
 from .runtime import EngineState, ensure_engine, register_symbolics
 from .session_inspection import TrainingSessionInspection
@@ -51,6 +52,7 @@ class WrapSettings:
     on_cuda: bool
     pythonop: bool  # torch.autograd.Function runs as ORT PythonOp (asked for, and the extension is there)
     trim_padding: bool
+    eliminate_padding: bool
     disable_cache: bool  # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type)
 
     @classmethod
@@ -62,6 +64,7 @@ class WrapSettings:
             on_cuda=on_cuda,
             pythonop=state.pythonop_available and options.enable_custom_autograd,
             trim_padding=options.trim_padding if options.trim_padding is not None else not on_cuda,
+            eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else not on_cuda,
             disable_cache="use_cache" in inspect.signature(module.forward).parameters
             and bool(getattr(config, "use_cache", False)),
         )
@@ -134,6 +137,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
                 rows = kwargs["attention_mask"].shape[0]
                 self.padding_stats["kept_tokens"] += kept * rows
                 self.padding_stats["total_tokens"] += total * rows
+        if self.training:
+            self._check_padding_elimination(kwargs)
         if not run.ran:
             check_precision(self.module)  # refused loudly, never a fallback
         set_custom_autograd(settings.pythonop)
@@ -158,6 +163,24 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             ACTIVE_EXPORT_RECORD.reset(token)
         self._note_backend()
         return output
+
+    def _check_padding_elimination(self, inputs: dict) -> None:
+        """Ask for padding elimination if this batch builds a graph and gains from it; refuse a batch
+        the graph built with it would train wrongly (labels on padding positions)."""
+        record = self._record
+        if record.padding_rewrite is not None and not padding_unread(inputs):
+            raise ValueError(
+                "ort_hf: this batch is padded on the left or labels padding positions (attention_mask 0, label "
+                "not -100), but ORT's graph runs with padding elimination, which computes nothing at padding "
+                "positions. Pad on the right with padding labelled -100 (as DataCollatorWithPadding and "
+                "DataCollatorForLanguageModeling do), or train with --ort_eliminate_padding false "
+                "(ORTOptions(eliminate_padding=False)).")
+        record.eliminate_padding = self._settings.eliminate_padding and worth_eliminating(inputs)
+
+    @property
+    def padding_rewrite(self):
+        """What padding elimination changed in the training graph built last (None: not applied)."""
+        return self._record.padding_rewrite
 
     def _trainable_check(self):
         """ORT's gradient graph outputs gradients for the parameters that required grad when it was

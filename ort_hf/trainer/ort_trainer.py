@@ -328,9 +328,14 @@ class ORTTrainerMixin:
         self._pending_ort_logs.update(record_memory_plans(engine, self.args))
         stats = engine.padding_stats
         if stats["total_tokens"]:
-            logger.info("ort_hf: trimming trailing padding before ORT (no padding elimination on CPU): "
-                        "the first batch kept %.1f%% of its token positions.",
-                        100 * stats["kept_tokens"] / stats["total_tokens"])
+            logger.info("ort_hf: trimming trailing padding before ORT: the first batch kept %.1f%% of its token "
+                        "positions.", 100 * stats["kept_tokens"] / stats["total_tokens"])
+        rewrite = engine.padding_rewrite
+        self._pending_ort_logs["ort/padding_eliminated"] = float(rewrite is not None)
+        if rewrite is not None:
+            logger.info("ort_hf: padding elimination: %d nodes of the graph run on the real tokens only (the "
+                        "padded layout rebuilt %d times, for attention and the outputs). --ort_eliminate_padding "
+                        "false turns it off.", rewrite.unpadded_nodes, rewrite.pads)
         module = self._loss_module
         if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
             self._pending_ort_logs.update(head_rows_report(engine.training_graph(), module, self._fused_caller))

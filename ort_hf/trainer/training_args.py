@@ -137,6 +137,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_use_triton: bool = _ort("use_triton")
     ort_use_efficient_attention: bool = _ort("use_efficient_attention")
     ort_trim_padding: bool | None = _ort("trim_padding")
+    ort_eliminate_padding: bool | None = _ort("eliminate_padding")
     ort_enable_mem_reuse: bool | None = _ort("enable_mem_reuse")
     ort_eval_in_ort: bool = _ort("eval_in_ort")
     ort_intra_op_threads: int | None = _ort("intra_op_threads")
