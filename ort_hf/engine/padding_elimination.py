@@ -36,7 +36,6 @@ _ELEMENTWISE = _UNARY | {
 }
 _LAST_AXIS = {"LayerNormalization", "SimplifiedLayerNormalization", "Softmax", "LogSoftmax"}
 _REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare"}
-_EMBEDDING = ("Gather", "ATen")
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 _SUFFIX = "/unpadded"
 _PREFIX = "ort_hf_unpad/"
@@ -118,7 +117,7 @@ class _Graph:
             self.rank[init.name] = len(init.dims)
         self.constants = {n.output[0]: numpy_helper.to_array(_attr(n, "value"))
                           for n in model.graph.node if n.op_type == "Constant" and _attr(n, "value") is not None}
-        self.region: dict[str, int] = {}  # tensor -> its rank before unpadding
+        self.region: dict[str, int] = {}  # tensor -> its rank before unpadding (3: [B, S, H] -> [N, H])
         self.padded: set[str] = set()
         self.typed: dict[str, int] = {}
         self.twins: dict[str, str] = {}  # tensor -> the name of its rows, when the rewrite made them
@@ -138,12 +137,10 @@ class _Graph:
                 self.rank[n.output[0]] = self.rank[indices] + 1
         self.producer: dict[str, onnx.NodeProto] = {}
         g = _PREFIX
-        self.mask = mask
         self.nodes += [
             helper.make_node("Constant", [], [g + "minus1"], value=helper.make_tensor("", TensorProto.INT64, [1], [-1])),
             helper.make_node("Constant", [], [g + "one"], value=helper.make_tensor("", TensorProto.INT64, [], [1])),
             helper.make_node("Constant", [], [g + "zero"], value=helper.make_tensor("", TensorProto.INT64, [], [0])),
-            helper.make_node("Constant", [], [g + "axis0"], value=helper.make_tensor("", TensorProto.INT64, [1], [0])),
             helper.make_node("Reshape", [mask, g + "minus1"], [g + "flat_mask"]),
             helper.make_node("Cast", [g + "flat_mask"], [g + "keep"], to=TensorProto.BOOL),
             helper.make_node("Cast", [g + "keep"], [g + "keep64"], to=TensorProto.INT64),
@@ -298,9 +295,9 @@ def _token_wise(g: _Graph, node) -> tuple[list[str], int, dict] | None:
         if axes is None and len(node.input) > 1 and node.input[1]:
             axes = g.constants.get(node.input[1])
             axes = None if axes is None else list(axes.reshape(-1))
-        if first is None or not axes or any(a >= 0 for a in axes):
-            return None  # only reductions over trailing axes counted from the end
-        return first + list(node.input[1:]), r if _attr(node, "keepdims", 1) else r - len(axes), {}
+        if first is None or not axes or any(a >= 0 for a in axes) or not _attr(node, "keepdims", 1):
+            return None  # only reductions over trailing axes counted from the end, keeping the rank
+        return first + list(node.input[1:]), r, {}
     if op not in _ELEMENTWISE:
         return None
     inputs = []

@@ -6,7 +6,7 @@ import functools
 
 import torch
 from datasets import Dataset
-from tiny_models import FAMILIES, build, id_dataset, rule_labels
+from tiny_models import EXTRA_FAMILIES, FAMILIES, VOCAB, build, id_dataset, rule_labels
 from torch import nn
 
 FEATURES, CLASSES = 16, 3
@@ -134,6 +134,23 @@ def focal_loss(outputs, labels, num_items_in_batch=None):
     return (-(1 - log_p.exp()) ** 2 * log_p).mean()
 
 
+def ragged_dataset(n: int = 48, seed: int = 0) -> Dataset:
+    """Rows of 3 to 16 random token ids, for a collator that pads each batch to its longest row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 17, (n,), generator=g)
+    return Dataset.from_dict({"input_ids": [torch.randint(3, VOCAB, (int(k),), generator=g).tolist() for k in lengths]})
+
+
+def pad_right_with_lm_labels(rows: list[dict]) -> dict:
+    """What DataCollatorForLanguageModeling(mlm=False) gives: right padding (id 0), labels -100 there."""
+    longest = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+    mask = (ids != 0).long()
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
 # name -> (model factory, dataset factory, extra training arguments, trainer kwargs)
 RECIPES = {
     "classification-eval-accumulation": (lambda: build(FAMILIES["bert-cls"]), tokens_dataset,
@@ -148,4 +165,6 @@ RECIPES = {
     "compute-loss-func": (lambda: build(FAMILIES["bert-cls"]), tokens_dataset, {}, dict(compute_loss_func=focal_loss)),
     "batchnorm": (ConvBatchNormNet, features_dataset, dict(eval_strategy="steps", eval_steps=3), {}),
     "buffer-written-in-forward": (StepCountingNet, features_dataset, {}, {}),
+    "causal-lm-dynamic-padding": (lambda: build(EXTRA_FAMILIES["qwen2-clm"]), ragged_dataset, {},
+                                  dict(data_collator=pad_right_with_lm_labels)),
 }

@@ -79,6 +79,8 @@ def test_ort_trainer_trains_what_trainer_trains(recipe, tmp_path):
     assert _files(tmp_path / "ort") == _files(tmp_path / "pt")
     changed = [k for k, v in got_state.items() if v.is_floating_point() and not torch.equal(v, _initial(recipe)[k])]
     assert changed, "training changed nothing: the comparison saw initial weights only"
+    if "padding" in recipe:
+        assert got.state.log_history[0]["ort/padding_eliminated"] == 1.0, "the graph ran with the padding"
 
 
 def _initial(recipe: str) -> dict:
