@@ -143,6 +143,22 @@ def make_batch(task: str, generator: torch.Generator, padded: bool = True) -> di
     return batch
 
 
+def ragged_batch(lengths, task: str, generator: torch.Generator, pad_left: bool = False) -> dict[str, torch.Tensor]:
+    """Rows of SEQ positions with ``lengths`` real tokens each (padding on the right, or on the left),
+    padding id 0, and labels for ``task``: -100 on the padding for token tasks, a class for "cls"."""
+    ids = torch.randint(3, VOCAB, (len(lengths), SEQ), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        if pad_left:
+            mask[row, SEQ - n:] = 1
+        else:
+            mask[row, :n] = 1
+    ids = ids * mask
+    labels = (ids.masked_fill(mask == 0, -100) if task != "cls"
+              else torch.randint(0, 2, (len(lengths),), generator=generator))
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 def rule_labels(ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Sequence-classification labels a model can learn: first token above 50."""
     return (ids[:, 0] > 50).long()

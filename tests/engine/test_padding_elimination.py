@@ -4,26 +4,13 @@ only, and training matches PyTorch's exactly as without it."""
 import pytest
 import torch
 from parity import STRICT, assert_parity, run_parity
-from tiny_models import BATCH, EXTRA_FAMILIES, FAMILIES, SEQ, VOCAB, build
+from tiny_models import BATCH, EXTRA_FAMILIES, FAMILIES, SEQ, build, ragged_batch
 
 from ort_hf.engine import ORTOptions, wrap_model
 
 
-def _batch(lengths, task, gen, pad_left=False):
-    ids = torch.randint(3, VOCAB, (len(lengths), SEQ), generator=gen)
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        if pad_left:
-            mask[row, SEQ - n:] = 1
-        else:
-            mask[row, :n] = 1
-    ids = ids * mask
-    labels = ids.masked_fill(mask == 0, -100) if task != "cls" else torch.randint(0, 2, (len(lengths),), generator=gen)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
 def _ragged(task, gen, steps=3, pad_left=False):
-    return [_batch([SEQ, *torch.randint(2, SEQ - 4, (BATCH - 1,), generator=gen).tolist()], task, gen, pad_left)
+    return [ragged_batch([SEQ, *torch.randint(2, SEQ - 4, (BATCH - 1,), generator=gen).tolist()], task, gen, pad_left)
             for _ in range(steps)]
 
 
@@ -47,7 +34,7 @@ def test_training_with_padding_eliminated_matches_pytorch(family):
 def test_not_applied_where_it_does_not_pay_or_is_turned_off():
     gen = torch.Generator().manual_seed(4)
     fam = FAMILIES["bert-mlm"]
-    dense = _batch([SEQ] * BATCH, "mlm", gen)
+    dense = ragged_batch([SEQ] * BATCH, "mlm", gen)
     sparse_labels = _ragged("mlm", gen, steps=1)[0]
     sparse_labels["labels"][:, 2:] = -100  # masked-LM labels: ORT's label sparsity shrinks the head instead
     left = _ragged("mlm", gen, steps=1, pad_left=True)[0]  # a causal shift would read a padding position

@@ -2,31 +2,18 @@
 
 import torch
 from parity import assert_parity, run_parity
-from tiny_models import BATCH, FAMILIES, SEQ, VOCAB, build
+from tiny_models import BATCH, FAMILIES, SEQ, build, ragged_batch
 
 from ort_hf.engine import ORTOptions, wrap_model
 from ort_hf.engine.padding import trim_trailing_padding
 
 
-def _batch(lengths, task, gen, pad_left=False):
-    ids = torch.randint(3, VOCAB, (len(lengths), SEQ), generator=gen)
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        if pad_left:
-            mask[row, SEQ - n:] = 1
-        else:
-            mask[row, :n] = 1
-    ids = ids * mask
-    labels = ids.masked_fill(mask == 0, -100) if task != "cls" else torch.randint(0, 2, (len(lengths),), generator=gen)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
 def test_trim_drops_only_all_padding_columns():
     gen = torch.Generator().manual_seed(0)
-    batch = _batch([5, 9, 3, 7], "mlm", gen)
+    batch = ragged_batch([5, 9, 3, 7], "mlm", gen)
     trimmed, kept, total = trim_trailing_padding(batch)
     assert (kept, total) == (9, SEQ) and trimmed["input_ids"].shape == (4, 9) and trimmed["labels"].shape == (4, 9)
-    left = _batch([5, 9, 3, 7], "mlm", gen, pad_left=True)
+    left = ragged_batch([5, 9, 3, 7], "mlm", gen, pad_left=True)
     assert trim_trailing_padding(left)[0]["input_ids"].shape == (4, SEQ)  # left padding: nothing to drop
     labelled = dict(batch)
     labelled["labels"] = batch["input_ids"].clone()  # labels on padding: dropping would change the loss
@@ -38,7 +25,7 @@ def test_trimmed_training_matches_pytorch_and_exports_once():
     lengths = [[SEQ] * BATCH] + [[int(n) for n in torch.randint(3, SEQ, (BATCH,), generator=gen)] for _ in range(9)]
     for family in ("bert-mlm", "gpt2-clm", "bert-cls"):
         fam = FAMILIES[family]
-        batches = [_batch(ls, fam.task, gen) for ls in lengths]  # first batch unpadded, then ragged
+        batches = [ragged_batch(ls, fam.task, gen) for ls in lengths]  # first batch unpadded, then ragged
         result = run_parity(build(fam, attn="sdpa"), batches)
         wrapped = result[-1]
         assert_parity(*result)
@@ -50,5 +37,5 @@ def test_trimming_can_be_turned_off():
     fam = FAMILIES["bert-cls"]
     wrapped = wrap_model(build(fam), ORTOptions(fallback="disable", log_level="ERROR", trim_padding=False))
     wrapped.train()
-    wrapped(**_batch([4, 5, 6, 7], "cls", torch.Generator().manual_seed(2))).loss.backward()
+    wrapped(**ragged_batch([4, 5, 6, 7], "cls", torch.Generator().manual_seed(2))).loss.backward()
     assert wrapped.padding_stats["total_tokens"] == 0 and wrapped.engine_status().backend == "ort"
