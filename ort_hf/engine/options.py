@@ -107,7 +107,8 @@ class ORTOptions:
                                            "CUDA (ORT's padding elimination).")
     eliminate_padding: bool | None = _opt(None, "Run the token-wise layers on the real tokens only, as ORT's CUDA-only "
                                                 "padding elimination does. Default: on for CPU when the batch that "
-                                                "builds the graph gains from it (docs/how-it-works.md), off on CUDA.")
+                                                "builds the graph gains from it (docs/how-it-works.md). CPU only: on "
+                                                "CUDA ORT's own runs instead, and True is refused.")
     enable_mem_reuse: bool | None = _opt(None, "Let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes "
                                                "it off). Default: on when recompute is on, which is what makes "
                                                "recompute lower the peak.")

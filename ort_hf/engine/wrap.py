@@ -58,6 +58,10 @@ class WrapSettings:
     @classmethod
     def of(cls, module: nn.Module, options: ORTOptions, state: EngineState) -> WrapSettings:
         on_cuda = any(p.is_cuda for p in module.parameters())
+        if on_cuda and options.eliminate_padding:
+            raise ValueError("ort_hf: eliminate_padding is the CPU build's stand-in for ORT's own padding "
+                             "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
+                             "on a GPU. Leave eliminate_padding unset on CUDA.")
         config = getattr(module, "config", None)
         return cls(
             options=options,
