@@ -276,6 +276,10 @@ class ORTTrainingArguments(TrainingArguments):
         """The ``ORTOptions`` these arguments describe."""
         values = {f.name: getattr(self, f"ort_{f.name}") for f in fields(ORTOptions)}
         values["memory_opt_plans"] = tuple(values["memory_opt_plans"] or ())
+        if values["eliminate_padding"] is None and self.train_sampling_strategy == "group_by_length":
+            # Length-grouped batches are nearly all real tokens, and the sampler puts its longest,
+            # mixed-length batch first: the batch that builds the graph speaks for none of the others.
+            values["eliminate_padding"] = False
         return ORTOptions(**values)
 
 

@@ -38,6 +38,13 @@ def test_command_line_flags_reach_ort_options():
     assert args.optim == ADAMW_ORT_FUSED and args.use_ort is True and args.use_module_with_loss is True
 
 
+def test_length_grouped_batches_leave_padding_elimination_off_unless_asked():
+    assert _parse().ort_options().eliminate_padding is None  # decided on the batch that builds the graph
+    assert _parse("--train_sampling_strategy", "group_by_length").ort_options().eliminate_padding is False
+    asked = _parse("--train_sampling_strategy", "group_by_length", "--ort_eliminate_padding", "true")
+    assert asked.ort_options().eliminate_padding is True
+
+
 def test_plans_parse_as_a_list():
     args = _parse("--ort_memory_opt_plans", "BiasGelu+:1:-1", "Gelu+:1:-1")
     assert args.ort_options().memory_opt_plans == ("BiasGelu+:1:-1", "Gelu+:1:-1")
