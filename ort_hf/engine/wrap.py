@@ -170,7 +170,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
 
     def _check_padding_elimination(self, inputs: dict) -> None:
         """Ask for padding elimination if this batch builds a graph and gains from it; refuse a batch
-        the graph built with it would train wrongly (labels on padding positions)."""
+        the graph built with it would train wrongly (left padding, or labels on padding positions)."""
         record = self._record
         if record.padding_rewrite is not None and not padding_unread(inputs):
             raise ValueError(
