@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .dense_cross_entropy import summed_cross_entropy
+
 IGNORE_INDEX = -100
 
 # What ``forward`` computes as the loss.
@@ -126,14 +128,19 @@ class ModuleWithLoss(nn.Module):
         """Share of the label positions the loss uses (after the causal shift)."""
         return float((self.token_labels(labels) != IGNORE_INDEX).float().mean())
 
-    def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
-        """The cross-entropy of ``forward``, from the model's outputs."""
+    def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None,
+                          in_pytorch: bool = False) -> torch.Tensor:
+        """The cross-entropy of ``forward``, from the model's outputs; ``in_pytorch``: computed
+        outside the ORT graph (the same loss through :mod:`.dense_cross_entropy` on CPU)."""
         if not self.takes_num_items:
             num_items_in_batch = None
         logits = _output(outputs, "logits")
         logits = logits.float().reshape(-1, logits.shape[-1])
         labels = self.token_labels(labels).to(logits.device)
-        loss = self.loss_fct(logits, labels)
+        if in_pytorch and not self.label_smoothing:
+            loss = summed_cross_entropy(logits, labels, IGNORE_INDEX)
+        else:
+            loss = self.loss_fct(logits, labels)
         if num_items_in_batch is None:
             num_items_in_batch = (labels != IGNORE_INDEX).sum()
         elif torch.is_tensor(num_items_in_batch):
@@ -169,7 +176,8 @@ class LossInPyTorch:
 
     def __call__(self, labels=None, num_items_in_batch=None, **inputs):
         outputs = self.engine_module(labels=labels, **inputs)  # labels: an encoder-decoder builds its decoder inputs
-        return {"loss": self.loss_module.loss_from_outputs(outputs, labels, num_items_in_batch), **outputs}
+        loss = self.loss_module.loss_from_outputs(outputs, labels, num_items_in_batch, in_pytorch=True)
+        return {"loss": loss, **outputs}
 
 
 def _output(outputs, key: str) -> torch.Tensor:
