@@ -52,12 +52,13 @@ def ensure_engine() -> EngineState:
     with _lock:
         if _state is not None:
             return _state
-        from . import compat, extensions, model_hooks
+        from . import compat, cpu_kernel_swaps, extensions, model_hooks
 
         # `import onnxruntime` already imports ORTModule (its build validation does): from here on.
         with compat.without_unused_deepspeed():
             ortmodule = _import_ortmodule(compat)
         compat.apply_ort_bridges()
+        cpu_kernel_swaps.register()
         model_hooks.apply_model_hooks()
         statuses = extensions.load_all()
         # ORTModule cannot be built without these (torch_gpu_allocator: wherever torch sees a GPU);

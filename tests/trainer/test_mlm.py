@@ -53,6 +53,9 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
     producers = {out: node for node in graph.node for out in node.output}
     ffn_in = next(n for n in graph.node if n.name.endswith("encoder/layer.1/intermediate/dense/MatMul"))
     assert producers[ffn_in.input[0]].op_type == "ShrunkenGather"
+    # The loss's forward runs as LogSoftmax + NegativeLogLikelihoodLoss (engine/cpu_kernel_swaps.py).
+    loss_ops = [n.op_type for n in graph.node if "loss_fct" in n.name]
+    assert "SoftmaxCrossEntropyLossInternal" not in loss_ops and "NegativeLogLikelihoodLoss" in loss_ops, loss_ops
     said = [r.getMessage() for r in caplog.records if "label sparsity fired" in r.getMessage()]
     assert len(said) == 1, said
     logged = next(h for h in trainer.state.log_history if "ort/label_sparsity" in h)

@@ -1,0 +1,63 @@
+"""engine/cpu_kernel_swaps.py: ORT's cross-entropy node and its LogSoftmax + NLL replacement give
+the same loss and log-probabilities in an ORT session, for each reduction, with class weights
+and an ignored label; what it cannot translate exactly stays."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from ort_hf.engine.cpu_kernel_swaps import swap_kernels
+
+N, C = 12, 7
+
+
+def _model(reduction: str, weights: bool, ignore_as_input: bool = False):
+    inputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [N, C]),
+              helper.make_tensor_value_info("labels", TensorProto.INT64, [N])]
+    inits = [helper.make_tensor("weight", TensorProto.FLOAT, [C], np.linspace(0.5, 2.0, C).tolist())]
+    if ignore_as_input:
+        inputs.append(helper.make_tensor_value_info("ignore", TensorProto.INT64, []))
+    else:
+        inits.append(helper.make_tensor("ignore", TensorProto.INT64, [], [-100]))
+    node = helper.make_node("SoftmaxCrossEntropyLossInternal", ["scores", "labels", "weight" if weights else "", "ignore"],
+                            ["loss", "log_prob"], domain="com.microsoft", name="sce", reduction=reduction,
+                            output_type=TensorProto.FLOAT)
+    loss_shape = [N] if reduction == "none" else []
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, loss_shape),
+                              helper.make_tensor_value_info("log_prob", TensorProto.FLOAT, [N, C])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=8)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weights", [False, True])
+def test_swap_computes_what_ort_computes(reduction, weights):
+    rng = np.random.default_rng(0)
+    feeds = {"scores": (rng.standard_normal((N, C)) * 3).astype(np.float32),
+             "labels": rng.integers(0, C, N).astype(np.int64)}
+    feeds["labels"][::4] = -100
+    model = _model(reduction, weights)
+    expected = _run(model, feeds)
+    assert swap_kernels(model.graph) == {"SoftmaxCrossEntropyLossInternal": 1}
+    assert [n.op_type for n in model.graph.node] == ["LogSoftmax", "NegativeLogLikelihoodLoss"]
+    for got, want in zip(_run(model, feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_label_to_ignore_that_is_not_a_constant_stays_with_ort():
+    model = _model("mean", False, ignore_as_input=True)
+    assert swap_kernels(model.graph) == {}
+    assert [n.op_type for n in model.graph.node] == ["SoftmaxCrossEntropyLossInternal"]
+
+
+def test_scores_of_another_precision_stay_with_ort():
+    model = _model("mean", False)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    assert swap_kernels(model.graph) == {}
