@@ -77,8 +77,8 @@ class ORTTrainingArguments(TrainingArguments):
         metadata={
             "help": "With ModuleWithLoss, where the cross-entropy runs. 'auto': inside the ORT graph when "
             "token labels are sparse enough for label sparsity (< 90%% used, first batch), else in PyTorch "
-            "from ORT's logits (ORT's CPU cross-entropy is slower than PyTorch's when there is nothing to "
-            "drop); 'always'; 'never'.",
+            "from ORT's logits (with nothing to drop, ORT's CPU cross-entropy, whose gradient kernel is "
+            "serial, is no faster); 'always'; 'never'.",
             "choices": ("auto", "always", "never"),
         },
     )
