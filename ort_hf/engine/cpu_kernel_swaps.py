@@ -15,6 +15,8 @@ graphs only. A node it cannot translate exactly is left to ORT.
 
 from __future__ import annotations
 
+import math
+
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 _MS = "com.microsoft"
@@ -22,16 +24,15 @@ _MS = "com.microsoft"
 
 def _constant_ints(graph: GraphProto) -> dict[str, int]:
     """Scalar integer constants of ``graph`` by name (initializers and Constant nodes)."""
+    tensors = [(init.name, init) for init in graph.initializer]
+    tensors += [(node.output[0], node.attribute[0].t) for node in graph.node
+                if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"]
     values = {}
-    for init in graph.initializer:
-        array = numpy_helper.to_array(init)
-        if array.size == 1 and array.dtype.kind == "i":
-            values[init.name] = int(array.reshape(()))
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            array = numpy_helper.to_array(node.attribute[0].t)
-            if array.size == 1 and array.dtype.kind == "i":
-                values[node.output[0]] = int(array.reshape(()))
+    for name, tensor in tensors:
+        if math.prod(tensor.dims) == 1:  # read no larger tensor's data
+            array = numpy_helper.to_array(tensor)
+            if array.dtype.kind == "i":
+                values[name] = int(array.reshape(()))
     return values
 
 
@@ -58,6 +59,8 @@ def swap_kernels(graph: GraphProto) -> dict[str, int]:
     """Rewrite ``graph`` in place; returns how many nodes of each type were swapped. The graph's
     opset is ORT's training opset (14 to 20 in ort_hf, ``ORTOptions.opset_version``), where both
     ONNX ops have today's form."""
+    if not any((node.op_type, node.domain) in _SWAPS for node in graph.node):
+        return {}
     constants = _constant_ints(graph)
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
     swapped: dict[str, int] = {}
@@ -78,13 +81,8 @@ def swap_kernels(graph: GraphProto) -> dict[str, int]:
 
 
 def register() -> None:
-    """Enter the rewrite in ORT's registry of training-graph optimisers, for CPU graphs (once)."""
+    """Enter the rewrite in ORT's registry of training-graph optimisers, for CPU graphs (called
+    once per process, by ``runtime.ensure_engine``)."""
     from onnxruntime.training.ortmodule.graph_optimizer_registry import GraphOptimizerRegistry
 
-    if any(fn is _optimize for fns in GraphOptimizerRegistry._OPTIMIZER_FUNCS.values() for fn, _, _ in fns):
-        return
-    GraphOptimizerRegistry.register("all", "cpu", 0, _optimize)
-
-
-def _optimize(graph: GraphProto) -> None:
-    swap_kernels(graph)
+    GraphOptimizerRegistry.register("all", "cpu", 0, swap_kernels)

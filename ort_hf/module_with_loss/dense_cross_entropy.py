@@ -48,6 +48,7 @@ def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_inde
     2-D float ``logits`` and 1-D ``labels``."""
     if logits.device.type != "cpu" or not (torch.is_grad_enabled() and logits.requires_grad) or logits.dim() != 2:
         return nn.functional.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
-    if labels.lt(0).logical_and(labels.ne(ignore_index)).any():
-        raise IndexError(f"Target {int(labels.min())} is out of bounds.")  # nll_loss's error
+    negative = labels[labels.lt(0) & labels.ne(ignore_index)]
+    if negative.numel():
+        raise IndexError(f"Target {int(negative[0])} is out of bounds.")  # nll_loss's error
     return _SoftmaxInPlaceCrossEntropy.apply(logits, labels, ignore_index)

@@ -37,6 +37,8 @@ def test_labels_out_of_range_raise_as_cross_entropy_does():
     for bad in (10, -3):
         with pytest.raises((IndexError, RuntimeError)):
             summed_cross_entropy(logits, torch.tensor([1, 2, bad, 3]), -100)
+    with pytest.raises(IndexError, match="Target -3 "):  # the offending label, not the ignored one
+        summed_cross_entropy(logits, torch.tensor([-100, 2, -3, 3]), -100)
 
 
 def test_without_gradient_it_is_torch_cross_entropy():
