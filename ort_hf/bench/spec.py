@@ -50,6 +50,7 @@ class Variant:
     trim: bool = False  # PyTorch fed the batches ORT's CPU path runs (trailing all-padding columns dropped)
     paddings: tuple[str, ...] = ("none", "max_length", "dynamic")  # the workload paddings it applies to
     default: bool = True  # part of a plain `ort-hf bench`
+    cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
 
 
 VARIANTS = {
@@ -68,6 +69,9 @@ VARIANTS = {
                 memory_opt_level=1, tasks=("mlm", "cls", "clm")),
         Variant("ort-recompute2", True, "ORTTrainer with ort_memory_opt_level=2 (layer-wise plus compromised plans)",
                 memory_opt_level=2, default=False),
+        Variant("ort-ort-dropout", True, "ORTTrainer with ORT's own CPU dropout kernels "
+                "(ort_cpu_dropout_kernels=False): what ort_hf's dropout kernels save", cpu_dropout_kernels=False,
+                default=False),
         Variant("ort-budget", True, "ORTTrainer budget mode (ort_memory_budget_mb=--memory_budget_mb)",
                 budget=True, default=False),
     )

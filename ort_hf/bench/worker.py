@@ -100,7 +100,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             per_device_train_batch_size=settings.batch_for(workload), learning_rate=settings.learning_rate,
             logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=settings.seed,
             dataloader_num_workers=0, use_ort=variant.use_ort, torch_compile=variant.torch_compile,
-            ort_memory_opt_level=variant.memory_opt_level,
+            ort_memory_opt_level=variant.memory_opt_level, ort_cpu_dropout_kernels=variant.cpu_dropout_kernels,
             ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
             ort_intra_op_threads=settings.threads,  # ORT's pool would otherwise take every core

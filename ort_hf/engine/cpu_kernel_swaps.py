@@ -11,6 +11,13 @@ graphs only. A node it cannot translate exactly is left to ORT.
   then ``NegativeLogLikelihoodLoss`` give its two outputs: the log-probabilities its gradient
   node (left as it is) reads, and the loss, with the same reduction, class weights and ignored
   label. Only float32 scores and loss, and a constant label to ignore.
+- ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
+  is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
+  (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
+  travels as uint8 instead of bool, since ORT 1.19.2 reads no bool back from PyTorch
+  (``dlpack_converter.cc``). Only float32, a constant ratio in (0, 1), training mode on, and a
+  mask read by ``DropoutGrad`` nodes alone; not when ``ORTOptions.cpu_dropout_kernels`` is off
+  (recompute turns it off: ``export_record``). docs/dropout.md has the rest.
 """
 
 from __future__ import annotations
@@ -19,11 +26,15 @@ import math
 
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
+from .export_record import ACTIVE_EXPORT_RECORD
+
 _MS = "com.microsoft"
+_ATEN = "org.pytorch.aten"
 
 
-def _constant_ints(graph: GraphProto) -> dict[str, int]:
-    """Scalar integer constants of ``graph`` by name (initializers and Constant nodes)."""
+def _scalar_constants(graph: GraphProto) -> dict[str, int | float | bool]:
+    """One-element constants of ``graph`` by name (initializers and Constant nodes), as Python
+    ints, floats and bools."""
     tensors = [(init.name, init) for init in graph.initializer]
     tensors += [(node.output[0], node.attribute[0].t) for node in graph.node
                 if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"]
@@ -31,44 +42,134 @@ def _constant_ints(graph: GraphProto) -> dict[str, int]:
     for name, tensor in tensors:
         if math.prod(tensor.dims) == 1:  # read no larger tensor's data
             array = numpy_helper.to_array(tensor)
-            if array.dtype.kind == "i":
-                values[name] = int(array.reshape(()))
+            if array.dtype.kind in "iufb":
+                values[name] = array.reshape(()).item()
     return values
 
 
-def _cross_entropy(node, attrs: dict, constants: dict, types: dict) -> list | None:
+def _int_constant(constants: dict, name: str) -> int | None:
+    value = constants.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Context:
+    """What the per-node swaps read from the whole graph, and what they add to it."""
+
+    def __init__(self, graph: GraphProto):
+        self.constants = _scalar_constants(graph)
+        self.types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
+        # Dropout's output 0 -> (mask, ratio input); none when the model is not to use our kernels.
+        self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if _dropout_kernels_wanted() else {}
+        self.mask_ratios = {mask: self.constants[node_ratio] if node_ratio else 0.5
+                            for mask, node_ratio in self.dropout_masks.values()}
+        self.new_nodes: list = []  # constants the swapped nodes read
+        self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
+        self._ratio_names: dict[float, str] = {}
+
+    def ratio(self, value: float) -> str:
+        """A float32 scalar constant holding ``value`` (ATen's ``float`` argument)."""
+        if value not in self._ratio_names:
+            name = f"ort_hf/dropout_ratio_{len(self._ratio_names)}"
+            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name, value=helper.make_tensor(
+                name, TensorProto.FLOAT, [], [value])))
+            self._ratio_names[value] = name
+        return self._ratio_names[value]
+
+
+def _cross_entropy(node, attrs: dict, ctx: _Context) -> list | None:
     inputs = list(node.input) + [""] * (4 - len(node.input))
     scores, labels, weight, ignore = inputs[:4]
-    if (types.get(scores) != TensorProto.FLOAT or attrs.get("output_type", TensorProto.FLOAT) != TensorProto.FLOAT
-            or (ignore and ignore not in constants)):
+    if (ctx.types.get(scores) != TensorProto.FLOAT or attrs.get("output_type", TensorProto.FLOAT) != TensorProto.FLOAT
+            or (ignore and _int_constant(ctx.constants, ignore) is None)):
         return None
-    log_prob = node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.name}/log_prob"
+    log_prob = node.output[1] if len(node.output) > 1 and node.output[1] else f"{_name(node)}/log_prob"
     nll_attrs = {"reduction": attrs.get("reduction", b"mean").decode()}
     if ignore:
-        nll_attrs["ignore_index"] = constants[ignore]
+        nll_attrs["ignore_index"] = _int_constant(ctx.constants, ignore)
     # axis 1: the classes of ONNX's cross-entropy, for 2-D scores and for (N, C, d1, ...) alike.
-    return [helper.make_node("LogSoftmax", [scores], [log_prob], name=f"{node.name}/LogSoftmax", axis=1),
+    return [helper.make_node("LogSoftmax", [scores], [log_prob], name=f"{_name(node)}/LogSoftmax", axis=1),
             helper.make_node("NegativeLogLikelihoodLoss", [log_prob, labels] + ([weight] if weight else []),
-                             [node.output[0]], name=f"{node.name}/NegativeLogLikelihoodLoss", **nll_attrs)]
+                             [node.output[0]], name=f"{_name(node)}/NegativeLogLikelihoodLoss", **nll_attrs)]
 
 
-_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy}
+def _name(node) -> str:
+    """A prefix for a replacement's node names, unique in the graph even if ``node`` has no name."""
+    return node.name or node.output[0]
+
+
+def _is_true(constants: dict, name: str) -> bool:
+    return constants.get(name) is True
+
+
+def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict[str, tuple[str, str]]:
+    """The ``Dropout`` nodes whose pair can run on our kernels, by their output 0: (mask name,
+    ratio input name). Each has float32 data, a constant ratio in (0, 1) (at 0 it keeps ORT's
+    node and draws nothing), training mode constantly on, and a mask that only ``DropoutGrad``
+    nodes of the same ratio and in training mode read (not a graph output: its type changes)."""
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {out.name for out in graph.output}
+    swappable = {}
+    for node in graph.node:
+        if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
+            continue
+        x, ratio_name, mode = (list(node.input) + ["", ""])[:3]
+        ratio = constants.get(ratio_name) if ratio_name else 0.5
+        if (types.get(x) != TensorProto.FLOAT or not isinstance(ratio, float) or not 0.0 < ratio < 1.0
+                or not _is_true(constants, mode)):
+            continue
+        mask = node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.output[0]}/ort_hf_mask"
+        if mask in graph_outputs or not all(_reads_as_gradient(reader, mask, ratio, constants)
+                                            for reader in readers.get(mask, [])):
+            continue
+        swappable[node.output[0]] = (mask, ratio_name)
+    return swappable
+
+
+def _reads_as_gradient(node, mask: str, ratio: float, constants: dict) -> bool:
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    return (node.op_type == "DropoutGrad" and node.domain == _MS and inputs[1] == mask and inputs.count(mask) == 1
+            and constants.get(inputs[2]) == ratio and _is_true(constants, inputs[3]))
+
+
+def _dropout(node, attrs: dict, ctx: _Context) -> list | None:
+    if node.output[0] not in ctx.dropout_masks:
+        return None
+    mask, _ = ctx.dropout_masks[node.output[0]]
+    ctx.new_types.update({node.output[0]: TensorProto.FLOAT, mask: TensorProto.UINT8})
+    return [helper.make_node("ATen", [node.input[0], ctx.ratio(ctx.mask_ratios[mask])], [node.output[0], mask],
+                             name=f"{_name(node)}/ort_hf_cpu_dropout", domain=_ATEN, operator="ort_hf::cpu_dropout",
+                             overload_name="")]
+
+
+def _dropout_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    mask = node.input[1] if len(node.input) > 1 else ""
+    if mask not in ctx.mask_ratios:
+        return None
+    ctx.new_types[node.output[0]] = TensorProto.FLOAT
+    return [helper.make_node("ATen", [node.input[0], mask, ctx.ratio(ctx.mask_ratios[mask])], [node.output[0]],
+                             name=f"{_name(node)}/ort_hf_cpu_dropout_grad", domain=_ATEN,
+                             operator="ort_hf::cpu_dropout_grad", overload_name="")]
+
+
+_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("Dropout", ""): _dropout,
+          ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad}
 
 
 def swap_kernels(graph: GraphProto) -> dict[str, int]:
     """Rewrite ``graph`` in place; returns how many nodes of each type were swapped. The graph's
-    opset is ORT's training opset (14 to 20 in ort_hf, ``ORTOptions.opset_version``), where both
+    opset is ORT's training opset (14 to 20 in ort_hf, ``ORTOptions.opset_version``), where the
     ONNX ops have today's form."""
     if not any((node.op_type, node.domain) in _SWAPS for node in graph.node):
         return {}
-    constants = _constant_ints(graph)
-    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
+    ctx = _Context(graph)
     swapped: dict[str, int] = {}
     nodes = []
     for node in graph.node:
         swap = _SWAPS.get((node.op_type, node.domain))
-        replacement = swap(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, constants,
-                           types) if swap else None
+        replacement = swap(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, ctx) if swap else None
         if replacement is None:
             nodes.append(node)
             continue
@@ -76,8 +177,27 @@ def swap_kernels(graph: GraphProto) -> dict[str, int]:
         swapped[node.op_type] = swapped.get(node.op_type, 0) + 1
     if swapped:
         del graph.node[:]
-        graph.node.extend(nodes)
+        graph.node.extend(ctx.new_nodes + nodes)
+        _set_types(graph, ctx.new_types)
     return swapped
+
+
+def _set_types(graph: GraphProto, types: dict[str, int]) -> None:
+    """Give ``types``' values their element type in ``graph.value_info`` (ORT infers no type for
+    an ATen node's outputs)."""
+    for info in graph.value_info:
+        if info.name in types:
+            info.type.tensor_type.elem_type = types.pop(info.name)
+    graph.value_info.extend(helper.make_tensor_value_info(name, elem_type, None) for name, elem_type in types.items())
+
+
+def _dropout_kernels_wanted() -> bool:
+    """The model being built asked for our dropout kernels (``ORTOptions.cpu_dropout_kernels``),
+    and they are registered with torch (by ``extensions.load_all``)."""
+    import torch
+
+    record = ACTIVE_EXPORT_RECORD.get()
+    return (record is None or record.cpu_dropout_kernels) and hasattr(torch.ops.ort_hf, "cpu_dropout")
 
 
 def register() -> None:

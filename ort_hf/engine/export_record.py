@@ -22,6 +22,7 @@ class ExportRecord:
     torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
     export_cache_shared: bool = False  # ORTOptions.export_cache_shared
     profile_dir: str | None = None  # ORTOptions.profile_dir
+    cpu_dropout_kernels: bool = True  # ORTOptions.cpu_dropout_kernels
     export_count: int = 0
     export_seconds: float = 0.0
     eliminate_padding: bool = False  # set per training forward: rewrite the graph if one is built now
@@ -40,6 +41,9 @@ class ExportRecord:
         self.torch_threads = torch_threads or None
         self.export_cache_shared = options.export_cache_shared
         self.profile_dir = options.profile_dir
+        # ORT's recompute can redraw its own Dropout (it seeds the node), not an ATen node in its
+        # place: with recompute on, the dropout stays ORT's so that its plans keep their savings.
+        self.cpu_dropout_kernels = options.cpu_dropout_kernels and not options.memory_optimizer_on
 
 
 # The wrapped model whose forward is running.

@@ -35,7 +35,11 @@ CPU_EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
 # Needed where torch sees a GPU: ORTModule imports torch_gpu_allocator when it builds a CUDA
 # session, ORT's FusedAdam (--optim adamw_ort_fused) imports fused_ops.
 CUDA_EXTENSIONS = ("torch_gpu_allocator", "fused_ops")
-EXTENSIONS = CPU_EXTENSIONS + CUDA_EXTENSIONS
+# ort_hf's own kernels (sources in csrc/), loaded as torch operator libraries: ORT's ATen node
+# runs them through torch's dispatcher (engine/cpu_kernel_swaps.py).
+OWN_EXTENSIONS = ("ort_hf_cpu_kernels",)
+_OWN_SOURCES = Path(__file__).parent / "csrc"
+EXTENSIONS = CPU_EXTENSIONS + CUDA_EXTENSIONS + OWN_EXTENSIONS
 CACHE_ENV = "ORT_HF_CACHE_DIR"
 
 
@@ -125,8 +129,8 @@ def _check_toolchain() -> None:
 
 
 def _prepare_sources(name: str, workdir: Path) -> list[Path]:
-    """Copy ORT's sources into ``workdir`` and apply our port where one is needed."""
-    src = _ort_sources(name)
+    """Copy ORT's sources (or ours) into ``workdir`` and apply our port where one is needed."""
+    src = _OWN_SOURCES if name in OWN_EXTENSIONS else _ort_sources(name)
     dest = workdir / "src"
     if dest.exists():
         shutil.rmtree(dest)
@@ -145,8 +149,14 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
 _CFLAGS = ["-O3", "-std=c++17"]  # as ORT's own setup.py builds them
 
 
-def _digest(paths: list[Path], archs: str = "") -> str:
-    h = hashlib.sha256(" ".join(_CFLAGS + [archs]).encode())
+def _cflags(name: str) -> list[str]:
+    # ours use at::parallel_for, i.e. OpenMP: the library then needs libgomp.so.1, which the
+    # loader resolves to the copy torch already loaded, so both share one thread pool.
+    return _CFLAGS + (["-fopenmp"] if name in OWN_EXTENSIONS else [])
+
+
+def _digest(paths: list[Path], cflags: list[str], archs: str = "") -> str:
+    h = hashlib.sha256(" ".join(cflags + [archs]).encode())
     for p in paths:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -169,7 +179,7 @@ def build_extension(name: str, verbose: bool = False):
     with filelock.FileLock(str(base / f"{name}.lock")):
         sources = _prepare_sources(name, workdir)
         archs = _cuda_archs() if is_cuda else ""
-        build_dir = workdir / f"build-{_digest(sources, archs)}"
+        build_dir = workdir / f"build-{_digest(sources, _cflags(name), archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
             if trust.verified(built):
@@ -191,11 +201,14 @@ def build_extension(name: str, verbose: bool = False):
                 cpp_extension.load(
                     name=name,
                     sources=[str(s) for s in sources],
-                    extra_cflags=_CFLAGS,
+                    extra_cflags=_cflags(name),
+                    extra_ldflags=["-fopenmp"] if name in OWN_EXTENSIONS else None,
                     extra_cuda_cflags=["-O3"] if is_cuda else None,
                     extra_include_paths=[str(workdir / "src")],
                     build_directory=str(build_dir),
                     with_cuda=is_cuda,
+                    is_python_module=name not in OWN_EXTENSIONS,
+                    is_standalone=False,
                     verbose=verbose,
                 )
         except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
@@ -259,6 +272,8 @@ def _cuda_build_environment(toolkit: cuda_toolkit.Toolkit, archs: str):
 
 
 def _load_so(name: str, so: Path):
+    if name in OWN_EXTENSIONS:
+        return _load_operator_library(name, so)
     qualified = f"{ORT_EXTENSION_PACKAGE}.{name}"
     if qualified in sys.modules:
         return sys.modules[qualified]
@@ -276,13 +291,27 @@ def _load_so(name: str, so: Path):
     return module
 
 
+def _load_operator_library(name: str, so: Path):
+    """Load one of our own extensions: it registers its operators with torch (``torch.ops.ort_hf``)."""
+    import torch
+
+    if name not in _status or not _status[name].loaded:
+        try:
+            torch.ops.load_library(str(so))
+        except OSError as exc:
+            raise ExtensionBuildError(f"The built {name} at {so} does not load: {exc}. Delete {so.parent} to rebuild.") from exc
+        _status[name] = ExtensionStatus(name, True, so)
+    return torch.ops.ort_hf
+
+
 def needed_here() -> tuple[str, ...]:
     """The extensions ORTModule imports on this machine: where torch sees a GPU, ORTModule
     imports ``torch_gpu_allocator`` whenever it is constructed (GraphExecutionManager.__init__),
-    and ORT's FusedAdam imports ``fused_ops``."""
+    and ORT's FusedAdam imports ``fused_ops``; ort_hf's own CPU kernels everywhere (a CPU graph
+    can be built on a GPU machine too)."""
     import torch
 
-    return EXTENSIONS if torch.cuda.is_available() else CPU_EXTENSIONS
+    return EXTENSIONS if torch.cuda.is_available() else CPU_EXTENSIONS + OWN_EXTENSIONS
 
 
 def load_all() -> dict[str, ExtensionStatus]:

@@ -118,6 +118,10 @@ class ORTOptions:
     # embeddings and their gradients) need; each such kernel then waits for the scheduler.
     intra_op_spinning: bool | None = _opt(None, "Let ORT's idle pool threads spin between kernels. Default: off on "
                                                 "CPU, ORT's default (on) on CUDA.")
+    cpu_dropout_kernels: bool = _opt(True, "CPU: run the graph's dropout and its gradient on ort_hf's kernels "
+                                           "(threaded, counter-based masks seeded per step) instead of ORT's serial "
+                                           "ones; same contract (engine/cpu_kernel_swaps.py). False keeps ORT's, "
+                                           "as does recompute (ORT recomputes only its own).")
     # Why one thread by default: model_hooks._bridge_torch_threads_in_graph.
     torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
                                                     "Default: 1 on CPU, unchanged on CUDA; 0 leaves "

@@ -66,6 +66,10 @@ def ensure_engine() -> EngineState:
         for name in ("aten_op_executor", "torch_gpu_allocator"):
             if name in statuses and not statuses[name].loaded:
                 extensions.require(name)  # raises the build's own error
+        own = statuses.get("ort_hf_cpu_kernels")
+        if own is not None and not own.loaded:
+            warnings.warn(f"ort_hf: its CPU dropout kernels did not build, so ORT's slower serial ones run: {own.error}",
+                          stacklevel=3)
         pythonop = statuses["torch_interop_utils"].loaded
         if not pythonop:
             warnings.warn(

@@ -274,14 +274,18 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         release_freed_memory()
 
     def reseed(self, seed: int) -> None:
-        """Seed ORT's own random generator (dropout masks inside the ORT graph).
+        """Seed the random generators of the ORT graph: ORT's own and that of ort_hf's CPU dropout
+        kernels (``cpu_kernel_swaps``), which draw the dropout masks inside the graph.
 
-        ORT's generator is not part of torch's RNG state, so the Trainer's checkpoints cannot
-        restore it; seeding it from (seed, step) makes masks a function of the step, so a
-        resumed run draws the same masks as an uninterrupted one."""
+        Neither is part of torch's RNG state, so the Trainer's checkpoints cannot restore them;
+        seeding them from (seed, step) makes masks a function of the step, so a resumed run draws
+        the same masks as an uninterrupted one."""
         import onnxruntime
+        import torch
 
         onnxruntime.set_seed(seed % (2**63))
+        if hasattr(torch.ops.ort_hf, "set_dropout_seed"):
+            torch.ops.ort_hf.set_dropout_seed(seed % (2**63))
 
     def engine_status(self) -> EngineStatus:
         run = self._run

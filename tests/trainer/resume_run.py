@@ -28,6 +28,10 @@ def main(shared_data: str, minilm_dir: str, out: str, resume: str, losses_path: 
     trainer = ORTTrainer(model=BertForSequenceClassification(config), args=args, train_dataset=dataset)
     trainer.train(resume_from_checkpoint=resume or None)
     assert trainer.ort_engine.engine_status().backend == "ort"
+    # The masks resumed are those of ort_hf's CPU dropout kernels (engine/cpu_kernel_swaps.py).
+    nodes = trainer.ort_engine.training_graph().graph.node
+    aten = {a.s.decode() for n in nodes if n.op_type == "ATen" for a in n.attribute if a.name == "operator"}
+    assert "ort_hf::cpu_dropout" in aten and not any(n.op_type == "Dropout" for n in nodes), aten
     losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
     Path(losses_path).write_text(json.dumps(losses))
 
