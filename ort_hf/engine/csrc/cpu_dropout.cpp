@@ -3,10 +3,11 @@
 //
 // Same contract as ONNX Dropout / ORT's DropoutGrad in training mode: an element is kept with
 // probability 1 - ratio, kept elements are scaled by 1 / (1 - ratio), the mask says which were
-// kept. The random bits are counter-based (SplitMix64 of a per-call key plus the element index),
-// so any split of the tensor over threads draws the same mask, and a mask is a function of the
-// seed and of the call's index since that seed was set: set_dropout_seed per training step
-// makes every step's masks reproducible (a resumed run draws what an uninterrupted one did).
+// kept. The random bits are counter-based (wyrand's output function of a per-call key plus the
+// element pair's index; the key is SplitMix64-mixed from the seed and the call's index since that
+// seed was set), so any split of the tensor over threads draws the same mask: set_dropout_seed
+// per training step makes every step's masks reproducible (a resumed run draws what an
+// uninterrupted one did).
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,7 +22,6 @@
 
 namespace {
 
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ULL;  // SplitMix64's increment (2^64 / golden ratio)
 constexpr int64_t kGrain = 16384;                    // element pairs per parallel task
 
 constexpr uint64_t kWyStep = 0xA0761D6478BD642FULL;  // wyrand's increment
@@ -32,6 +32,7 @@ inline uint64_t wyrand(uint64_t s) {
   return static_cast<uint64_t>(t >> 64) ^ static_cast<uint64_t>(t);
 }
 
+// SplitMix64's finaliser: the per-call key.
 inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
