@@ -11,6 +11,10 @@ graphs only. A node it cannot translate exactly is left to ORT.
   then ``NegativeLogLikelihoodLoss`` give its two outputs: the log-probabilities its gradient
   node (left as it is) reads, and the loss, with the same reduction, class weights and ignored
   label. Only float32 scores and loss, and a constant label to ignore.
+- ``BiasGeluGrad_dX`` (the gradient of BERT-style feed-forward GELU, exact erf form) is a slower
+  loop than PyTorch's vectorised ``gelu_backward``; it becomes ONNX ``Add`` (X + B) then an ORT
+  ``ATen`` node calling ``aten::gelu_backward`` (``approximate`` left at its default, 'none'). Only
+  float32.
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
   (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
@@ -154,7 +158,19 @@ def _dropout_grad(node, attrs: dict, ctx: _Context) -> list | None:
                              operator="ort_hf::cpu_dropout_grad", overload_name="")]
 
 
-_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("Dropout", ""): _dropout,
+def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    # dY, X and B share one type; X is often an ORT-inserted value without recorded type.
+    if len(node.input) != 3 or ctx.types.get(node.input[0]) != TensorProto.FLOAT:
+        return None
+    dy, x, bias = node.input
+    pre = f"{_name(node)}/gelu_input"
+    ctx.new_types[node.output[0]] = TensorProto.FLOAT
+    return [helper.make_node("Add", [x, bias], [pre], name=f"{_name(node)}/Add"),
+            helper.make_node("ATen", [dy, pre, ""], [node.output[0]], name=f"{_name(node)}/gelu_backward",
+                             domain=_ATEN, operator="gelu_backward", overload_name="")]
+
+
+_SWAPS = {("BiasGeluGrad_dX", _MS): _bias_gelu_grad, ("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("Dropout", ""): _dropout,
           ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad}
 
 

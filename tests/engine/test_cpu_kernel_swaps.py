@@ -61,3 +61,42 @@ def test_scores_of_another_precision_stay_with_ort():
     model = _model("mean", False)
     model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
     assert swap_kernels(model.graph) == {}
+
+
+@pytest.fixture
+def aten_nodes_run():
+    from ort_hf.engine.runtime import ensure_engine
+
+    ensure_engine()
+    from onnxruntime.training.ortmodule.torch_cpp_extensions.cpu.aten_op_executor import (
+        load_aten_op_executor_cpp_extension,
+    )
+
+    load_aten_op_executor_cpp_extension()  # ORT's ATen node calls into torch through it
+
+
+def _bias_gelu_grad_model(dtype=TensorProto.FLOAT):
+    rows, hidden = 33, 48
+    inputs = [helper.make_tensor_value_info(name, dtype, [rows, hidden]) for name in ("dy", "x")]
+    inputs.append(helper.make_tensor_value_info("bias", dtype, [hidden]))
+    node = helper.make_node("BiasGeluGrad_dX", ["dy", "x", "bias"], ["dx"], domain="com.microsoft")
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dx", dtype, [rows, hidden])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1),
+                                                   helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
+
+
+def test_bias_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_nodes_run):
+    rng = np.random.default_rng(0)
+    feeds = {"dy": rng.standard_normal((33, 48)).astype(np.float32),
+             "x": (rng.standard_normal((33, 48)) * 3).astype(np.float32),
+             "bias": rng.standard_normal(48).astype(np.float32)}
+    model = _bias_gelu_grad_model()
+    expected = _run(model, feeds)
+    assert swap_kernels(model.graph) == {"BiasGeluGrad_dX": 1}
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [("Add", ""), ("ATen", "org.pytorch.aten")]
+    np.testing.assert_allclose(_run(model, feeds)[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bias_gelu_gradient_of_another_precision_stays_with_ort():
+    model = _bias_gelu_grad_model(TensorProto.DOUBLE)
+    assert swap_kernels(model.graph) == {}
