@@ -170,8 +170,8 @@ def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
                              domain=_ATEN, operator="gelu_backward", overload_name="")]
 
 
-_SWAPS = {("BiasGeluGrad_dX", _MS): _bias_gelu_grad, ("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("Dropout", ""): _dropout,
-          ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad}
+_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("BiasGeluGrad_dX", _MS): _bias_gelu_grad,
+          ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad}
 
 
 def swap_kernels(graph: GraphProto) -> dict[str, int]:
