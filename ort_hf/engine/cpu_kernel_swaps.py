@@ -62,10 +62,9 @@ class _Context:
     def __init__(self, graph: GraphProto):
         self.constants = _scalar_constants(graph)
         self.types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
-        # Dropout's output 0 -> (mask, ratio input); none when the model is not to use our kernels.
+        # Dropout's output 0 -> (mask, ratio); none when the model is not to use our kernels.
         self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if _dropout_kernels_wanted() else {}
-        self.mask_ratios = {mask: self.constants[node_ratio] if node_ratio else 0.5
-                            for mask, node_ratio in self.dropout_masks.values()}
+        self.mask_ratios = dict(self.dropout_masks.values())
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -105,9 +104,9 @@ def _is_true(constants: dict, name: str) -> bool:
     return constants.get(name) is True
 
 
-def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict[str, tuple[str, str]]:
+def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict[str, tuple[str, float]]:
     """The ``Dropout`` nodes whose pair can run on our kernels, by their output 0: (mask name,
-    ratio input name). Each has float32 data, a constant ratio in (0, 1) (at 0 it keeps ORT's
+    ratio). Each has float32 data, a constant ratio in (0, 1) (at 0 it keeps ORT's
     node and draws nothing), training mode constantly on, and a mask that only ``DropoutGrad``
     nodes of the same ratio and in training mode read (not a graph output: its type changes)."""
     readers: dict[str, list] = {}
@@ -128,7 +127,7 @@ def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict
         if mask in graph_outputs or not all(_reads_as_gradient(reader, mask, ratio, constants)
                                             for reader in readers.get(mask, [])):
             continue
-        swappable[node.output[0]] = (mask, ratio_name)
+        swappable[node.output[0]] = (mask, ratio)
     return swappable
 
 
@@ -141,9 +140,9 @@ def _reads_as_gradient(node, mask: str, ratio: float, constants: dict) -> bool:
 def _dropout(node, attrs: dict, ctx: _Context) -> list | None:
     if node.output[0] not in ctx.dropout_masks:
         return None
-    mask, _ = ctx.dropout_masks[node.output[0]]
+    mask, ratio = ctx.dropout_masks[node.output[0]]
     ctx.new_types.update({node.output[0]: TensorProto.FLOAT, mask: TensorProto.UINT8})
-    return [helper.make_node("ATen", [node.input[0], ctx.ratio(ctx.mask_ratios[mask])], [node.output[0], mask],
+    return [helper.make_node("ATen", [node.input[0], ctx.ratio(ratio)], [node.output[0], mask],
                              name=f"{_name(node)}/ort_hf_cpu_dropout", domain=_ATEN, operator="ort_hf::cpu_dropout",
                              overload_name="")]
 
