@@ -48,7 +48,10 @@ def count_valid(tensor: torch.Tensor, pad_value: int | None) -> tuple[int, int, 
 class InputDensityCallback(BatchObserver):
     """Per step: valid/total tokens of the embedding input (``input_ids`` vs the model's pad id)
     and of the labels (vs -100); per logging window, merged into the Trainer's logs as
-    ``density/embed``, ``density/label``, ``tokens/non_padding_per_s``, ``throughput/samples_per_s``.
+    ``density/embed``, ``density/label``, ``tokens/non_padding_per_s``, ``throughput/samples_per_s``,
+    and ``throughput/run_samples_per_s``: the timed samples over the timed seconds of every step so
+    far. Two runs of the same steps compare on this one: with length-grouped batches the windows'
+    rates vary several-fold, so the median window of one run is not the same steps as another's.
 
     Works under plain ``Trainer`` and ``ORTTrainer``; numbers are summed over ranks. The first
     ``skip_steps`` steps (ORT export, warm-up) are left out of the throughput timing.
@@ -65,6 +68,8 @@ class InputDensityCallback(BatchObserver):
         self._window_seconds = 0.0
         self._window_timed_samples = 0.0
         self._window_timed_tokens = 0.0
+        self._run_timed_samples = 0.0
+        self._run_seconds = 0.0
         self._step_start = 0.0
         self._advised = False
 
@@ -117,6 +122,9 @@ class InputDensityCallback(BatchObserver):
             # seconds are summed over ranks that ran in parallel: divide by the mean rank time.
             out["tokens/non_padding_per_s"] = round(tokens / (seconds / world), 2)
             out["throughput/samples_per_s"] = round(samples / (seconds / world), 3)
+            self._run_timed_samples += samples
+            self._run_seconds += seconds / world
+            out["throughput/run_samples_per_s"] = round(self._run_timed_samples / self._run_seconds, 3)
         if not self._advised and state.is_world_process_zero:
             self._advise({**logs, **out})
         self._window = {"embed": Counts(), "label": Counts()}

@@ -73,6 +73,7 @@ def summarize(run: Run) -> dict[str, float | None]:
     return {
         "steps": max((h.get("step", 0) for h in run.history), default=0),
         "final loss": losses[-1] if losses else None,
+        "samples/s (whole run)": (run.values("throughput/run_samples_per_s") or [None])[-1],
         "samples/s (median)": _median(run.values("throughput/samples_per_s")),
         "non-padding tokens/s (median)": _median(run.values("tokens/non_padding_per_s")),
         "peak memory MB (per step, max)": max(run.values("memory/peak_mb"), default=None),

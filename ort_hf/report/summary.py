@@ -12,7 +12,8 @@ from pathlib import Path
 SUMMARY_FILE = "ort_hf_summary.json"
 ROWS = (
     ("engine", "engine"),
-    ("samples_per_s", "samples/s"),
+    ("run_samples_per_s", "samples/s (whole run)"),
+    ("samples_per_s", "samples/s (window median)"),
     ("non_padding_tokens_per_s", "non-padding tokens/s"),
     ("peak_memory_mb", "peak memory MB (per step)"),
     ("run_peak_memory_mb", "peak memory MB (run)"),
@@ -33,6 +34,10 @@ def _first(history: list[dict], key: str):
     return next((h[key] for h in history if key in h), None)
 
 
+def _last(history: list[dict], key: str):
+    return next((h[key] for h in reversed(history) if key in h), None)
+
+
 def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, metric_name: str | None = None) -> dict:
     """Numbers of one training run, from the Trainer's log history (the ort_hf callbacks' keys)."""
     history = trainer.state.log_history
@@ -47,6 +52,7 @@ def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, 
     eval_metrics = eval_metrics or {}
     return {
         "engine": engine,
+        "run_samples_per_s": _last(history, "throughput/run_samples_per_s"),
         "samples_per_s": _median(history, "throughput/samples_per_s") or train_metrics.get("train_samples_per_second"),
         "non_padding_tokens_per_s": _median(history, "tokens/non_padding_per_s"),
         "peak_memory_mb": max(peaks) if peaks else None,

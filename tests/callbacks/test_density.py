@@ -55,3 +55,20 @@ def test_first_steps_are_left_out_of_throughput():
     cb.on_step_end(args, _state(1), None)
     out = cb.collect(args, _state(1), {"loss": 0.0})
     assert "tokens/non_padding_per_s" not in out and out["density/embed"] == 1.0
+
+
+def test_run_throughput_is_all_timed_samples_over_all_timed_seconds(monkeypatch):
+    """Windows of 1 s for 8 samples and 3 s for 8: the window rates are 8 and 2.67, the run's 4."""
+    clock = iter([0.0, 1.0, 10.0, 13.0])
+    monkeypatch.setattr("ort_hf.callbacks.density.time.perf_counter", lambda: next(clock))
+    cb = InputDensityCallback(skip_steps=0)
+    cb.pad_token_id = PAD
+    args = SimpleNamespace(world_size=1)
+    rates = []
+    for step in (1, 2):
+        cb.on_step_begin(args, _state(step - 1), None)
+        cb.before_forward({"input_ids": torch.ones(8, 4, dtype=torch.long)})
+        cb.on_step_end(args, _state(step), None)
+        out = cb.collect(args, _state(step), {"loss": 0.0})
+        rates.append((out["throughput/samples_per_s"], out["throughput/run_samples_per_s"]))
+    assert rates == [(8.0, 8.0), (round(8 / 3, 3), 4.0)]

@@ -15,7 +15,8 @@ def _state(out, ort: bool) -> None:
     history = []
     for step in range(2, 10, 2):
         logs = {"step": step, "epoch": step / 8, "loss": 0.7 - 0.02 * step + (0.001 if ort else 0.0),
-                "throughput/samples_per_s": (60.0 if ort else 50.0) + step, "tokens/non_padding_per_s": 900.0 + step,
+                "throughput/samples_per_s": (60.0 if ort else 50.0) + step,
+                "throughput/run_samples_per_s": (60.0 if ort else 50.0) + step / 2, "tokens/non_padding_per_s": 900.0 + step,
                 "memory/peak_mb": 700.0 + step, "memory/forward_peak_mb": 650.0, "memory/backward_peak_mb": 690.0,
                 "memory/optimizer_peak_mb": 600.0, "memory/run_peak_mb": 720.0,
                 "density/embed": 0.3 + 0.01 * math.sin(step), "density/label": 1.0}
@@ -39,6 +40,7 @@ def test_report_from_two_runs(tmp_path):
     summary = (tmp_path / "report" / "report.md").read_text()
     assert "| metric | ort | pytorch | pytorch / ort |" in summary
     assert "embedding density (mean)" in summary and "ORT export s" in summary
+    assert "| samples/s (whole run) | 64 | 54 | 0.84x |" in summary  # the last log's running figure
     assert load_run(tmp_path / "ort").values("density/embed") == [h["density/embed"] for h in
                                                                   json.loads((tmp_path / "ort" / "trainer_state.json")
                                                                              .read_text())["log_history"]]
