@@ -22,6 +22,11 @@ graphs only. A node it cannot translate exactly is left to ORT.
   (``dlpack_converter.cc``). Only float32, a constant ratio in (0, 1), training mode on, and a
   mask read by ``DropoutGrad`` nodes alone; not when ``ORTOptions.cpu_dropout_kernels`` is off
   (recompute turns it off: ``export_record``). docs/dropout.md has the rest.
+- ``aten::embedding_backward`` (ORT's ATen node for an embedding's gradient) allocates its dense,
+  vocabulary-sized gradient anew every step; ort_hf's ``embedding_dense_grad``
+  (``csrc/cpu_embedding_grad.cpp``, where the cost is explained) writes the same sums into a
+  buffer it keeps once the previous step's gradient has been released. It falls back to
+  ``aten::embedding_backward`` for anything but a dense float32 gradient.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class _Context:
         # Dropout's output 0 -> (mask, ratio); none when the model is not to use our kernels.
         self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if _dropout_kernels_wanted() else {}
         self.mask_ratios = dict(self.dropout_masks.values())
+        self.own_embedding_grad = _own_kernel("embedding_dense_grad")
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -169,8 +175,19 @@ def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
                              domain=_ATEN, operator="gelu_backward", overload_name="")]
 
 
+def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    if attrs.get("operator") != b"embedding_backward" or not ctx.own_embedding_grad:
+        return None
+    swapped = helper.make_node("ATen", list(node.input), list(node.output), name=f"{_name(node)}/ort_hf_embedding_grad",
+                               domain=_ATEN, operator="ort_hf::embedding_dense_grad", overload_name="")
+    if node.output[0] not in ctx.types and ctx.types.get(node.input[0]):  # the output's type is the gradient's
+        ctx.new_types[node.output[0]] = ctx.types[node.input[0]]
+    return [swapped]
+
+
 _SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("BiasGeluGrad_dX", _MS): _bias_gelu_grad,
-          ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad}
+          ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad,
+          ("ATen", _ATEN): _embedding_grad}
 
 
 def swap_kernels(graph: GraphProto) -> dict[str, int]:
@@ -209,10 +226,23 @@ def _set_types(graph: GraphProto, types: dict[str, int]) -> None:
 def _dropout_kernels_wanted() -> bool:
     """The model being built asked for our dropout kernels (``ORTOptions.cpu_dropout_kernels``),
     and they are registered with torch (by ``extensions.load_all``)."""
+    record = ACTIVE_EXPORT_RECORD.get()
+    return (record is None or record.cpu_dropout_kernels) and _own_kernel("cpu_dropout")
+
+
+def release_kernel_buffers() -> None:
+    """Drop the buffers ort_hf's embedding-gradient kernel keeps for reuse (a model is gone)."""
     import torch
 
-    record = ACTIVE_EXPORT_RECORD.get()
-    return (record is None or record.cpu_dropout_kernels) and hasattr(torch.ops.ort_hf, "cpu_dropout")
+    if _own_kernel("release_embedding_grad_buffers"):
+        torch.ops.ort_hf.release_embedding_grad_buffers()
+
+
+def _own_kernel(name: str) -> bool:
+    """ort_hf's kernel ``name`` is registered with torch (by ``extensions.load_all``)."""
+    import torch
+
+    return hasattr(torch.ops.ort_hf, name)
 
 
 def register() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from . import compat
 from .._model_state import restore_buffers
+from .cpu_kernel_swaps import release_kernel_buffers
 from .errors import ORTFallbackError
 from .export_record import ACTIVE_EXPORT_RECORD, ExportRecord
 from .failures import describe_failure
@@ -103,6 +105,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self.padding_stats = {"kept_tokens": 0, "total_tokens": 0}
         self._set_ort(ort_module)
         self._ort.train(module.training)
+        weakref.finalize(self, release_kernel_buffers).atexit = False
 
     def _set_ort(self, ort_module: nn.Module | None) -> None:
         # A plain attribute, past nn.Module's __setattr__ (which would register ORTModule as a
@@ -271,6 +274,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         """Drop the ORT session (and its buffers) of a module that will not run again, e.g. the
         one replaced when ``auto_find_batch_size`` retries with a smaller batch."""
         self._set_ort(None)
+        release_kernel_buffers()
         release_freed_memory()
 
     def reseed(self, seed: int) -> None:

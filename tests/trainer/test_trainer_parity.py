@@ -44,6 +44,9 @@ def test_ort_trainer_matches_trainer(minilm_dir, dataset, tmp_path, mwl, smoothi
         minilm_dir, dataset, tmp_path / "ort", ort=True, use_module_with_loss=mwl, label_smoothing_factor=smoothing
     )
     assert trainer.ort_engine.engine_status().backend == "ort"
+    aten = [a.s.decode() for n in trainer.ort_engine.training_graph().graph.node if n.op_type == "ATen"
+            for a in n.attribute if a.name == "operator"]
+    assert "ort_hf::embedding_dense_grad" in aten and "embedding_backward" not in aten, aten  # ort_hf's kernel
     assert trainer.model is not trainer.ort_engine  # self.model stays the plain HF model
     diffs = [abs(a - b) for a, b in zip(ref_losses, losses)]
     assert max(diffs) <= 1e-4 + 1e-9, f"max loss diff {max(diffs):.2e}"

@@ -1,0 +1,97 @@
+// The embedding gradient of ORT's CPU training graphs, run by ORT's ATen node in place of
+// aten::embedding_backward (see ort_hf/engine/cpu_kernel_swaps.py).
+//
+// The gradient is dense: a vocabulary-sized tensor (47 MB for BERT's 30,522 x 384), written new
+// every step. A block that large is above glibc's mmap threshold, so each step maps fresh pages
+// and faults every one of them in while zeroing it: 35 ms for that block on one of this
+// project's EPYC cores, against 3.5 ms to zero a block already mapped. So each call writes into
+// a buffer kept from an earlier call when nothing holds that buffer any more (the gradient it
+// carried was released, e.g. by zero_grad(set_to_none=True)); otherwise it takes a new one. The
+// sums are torch's: rows in index order, padding_idx's row left at zero, the same additions in
+// the same order as embedding_dense_backward_cpu.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+constexpr size_t kMaxKept = 8;  // buffers kept for reuse: one per embedding of the models training
+
+std::mutex g_mutex;
+std::vector<at::Tensor> g_kept;
+
+// Each call hands out a new tensor on a kept buffer's storage (detach()), so that storage's
+// reference count says whether anything still holds a result written into it: a handed-out
+// tensor, a view of one, ORT's DLPack wrapper. (The kept tensor's own count does not: PyTorch's
+// Python wrapper of a result can outlive the result.)
+bool unused(const at::Tensor& kept) { return kept.storage().use_count() == 1; }
+
+at::Tensor zeroed_buffer(int64_t rows, int64_t dim, const at::TensorOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const auto& kept : g_kept) {
+    if (kept.size(0) == rows && kept.size(1) == dim && kept.scalar_type() == options.dtype() && unused(kept)) {
+      std::memset(kept.data_ptr(), 0, kept.nbytes());
+      return kept.detach();
+    }
+  }
+  at::Tensor fresh = at::zeros({rows, dim}, options);
+  if (g_kept.size() < kMaxKept) {
+    g_kept.push_back(fresh);
+  } else {  // full: the place of one nobody uses (another shape's, whose model may be gone)
+    for (auto& kept : g_kept) {
+      if (unused(kept)) {
+        kept = fresh;
+        break;
+      }
+    }
+  }
+  return fresh.detach();
+}
+
+at::Tensor embedding_dense_grad(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
+                                int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
+  if (sparse || scale_grad_by_freq || grad.scalar_type() != at::kFloat || !grad.is_cpu() ||
+      indices.scalar_type() != at::kLong) {
+    return at::embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse);
+  }
+  const int64_t dim = grad.size(-1);
+  const at::Tensor idx = indices.contiguous();
+  const at::Tensor rows = grad.contiguous().view({idx.numel(), dim});
+  at::Tensor out = zeroed_buffer(num_weights, dim, grad.options());
+  const int64_t* index = idx.data_ptr<int64_t>();
+  const float* src = rows.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const int64_t k = index[i];
+    TORCH_CHECK(k >= 0 && k < num_weights, "embedding index ", k, " out of range [0, ", num_weights, ")");
+    if (k == padding_idx) {
+      continue;
+    }
+    float* row = dst + k * dim;
+    const float* g = src + i * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      row[j] += g[j];
+    }
+  }
+  return out;
+}
+
+// Drop the kept buffers (those in use live on with their holders): when a model is gone.
+void release_embedding_grad_buffers() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_kept.clear();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ort_hf, m) {
+  m.def("embedding_dense_grad(Tensor grad, Tensor indices, int num_weights, int padding_idx, "
+        "bool scale_grad_by_freq, bool sparse) -> Tensor");
+  m.def("release_embedding_grad_buffers() -> ()", release_embedding_grad_buffers);  // no tensor: every backend
+}
+
+TORCH_LIBRARY_IMPL(ort_hf, CPU, m) { m.impl("embedding_dense_grad", embedding_dense_grad); }

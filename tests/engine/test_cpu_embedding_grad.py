@@ -1,0 +1,115 @@
+"""csrc/cpu_embedding_grad.cpp and its swap (engine/cpu_kernel_swaps.py): ort_hf's embedding
+gradient gives aten::embedding_backward's values bit for bit, called directly and as ORT's ATen
+node in a session; it reuses its buffer only once nothing holds the previous result."""
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from ort_hf.engine.cpu_kernel_swaps import swap_kernels
+from ort_hf.engine.runtime import ensure_engine
+
+ROWS, DIM, PAD = 50, 8, 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine():
+    ensure_engine()  # builds and loads our kernels
+    from onnxruntime.training.ortmodule.torch_cpp_extensions.cpu.aten_op_executor import (
+        load_aten_op_executor_cpp_extension,
+    )
+
+    load_aten_op_executor_cpp_extension()  # ORT's ATen node calls into torch through it
+
+
+def _inputs(seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.randint(0, ROWS, (4, 9), generator=g)
+    indices[0, :4] = PAD  # the padding row gets contributions that must not count
+    indices[1, :5] = 7  # a row summed from several positions, in index order
+    return torch.randn(4, 9, DIM, generator=g, dtype=dtype), indices
+
+
+def _ours(grad, indices, padding_idx=PAD, scale=False, sparse=False):
+    return torch.ops.ort_hf.embedding_dense_grad(grad, indices, ROWS, padding_idx, scale, sparse)
+
+
+def _aten(grad, indices, padding_idx=PAD, scale=False, sparse=False):
+    return torch.ops.aten.embedding_backward(grad, indices, ROWS, padding_idx, scale, sparse)
+
+
+@pytest.mark.parametrize("padding_idx", [PAD, -1])
+def test_same_bits_as_aten(padding_idx):
+    grad, indices = _inputs(0)
+    want = _aten(grad, indices, padding_idx)
+    assert torch.equal(_ours(grad, indices, padding_idx), want)
+    assert (want[PAD] == 0).all() == (padding_idx == PAD)
+
+
+def test_buffer_is_reused_only_when_released_and_comes_back_zeroed():
+    first_grad, indices = _inputs(1)
+    second_grad, _ = _inputs(2)
+    held = _ours(first_grad, indices)
+    kept = held.clone()
+    other = _ours(second_grad, indices)  # `held` is still in use: another buffer, `held` untouched
+    assert other.data_ptr() != held.data_ptr() and torch.equal(held, kept)
+    assert torch.equal(other, _aten(second_grad, indices))
+    buffers = {held.data_ptr(), other.data_ptr()}
+    del held, other
+    few_grad, few = second_grad[:, :2], indices[:, :2]
+    again = _ours(few_grad, few)  # both released: one of them again, zeroed but for these rows
+    assert again.data_ptr() in buffers
+    assert torch.equal(again, _aten(few_grad, few))
+    row = again[7]  # a view keeps its buffer in use
+    row_before = row.clone()
+    del again
+    last = _ours(first_grad, indices)
+    assert last.data_ptr() != row.untyped_storage().data_ptr() and torch.equal(row, row_before)
+    assert torch.equal(last, _aten(first_grad, indices))
+
+
+def test_what_it_does_not_handle_is_atens():
+    grad, indices = _inputs(3)
+    assert torch.equal(_ours(grad, indices, scale=True), _aten(grad, indices, scale=True))
+    grad64, _ = _inputs(3, torch.float64)
+    assert torch.equal(_ours(grad64, indices), _aten(grad64, indices))
+    assert _ours(grad, indices, sparse=True).is_sparse
+
+
+def _model():
+    consts = [helper.make_tensor(name, TensorProto.INT64, [], [value]) for name, value in
+              (("num_weights", ROWS), ("padding_idx", PAD))]
+    consts += [helper.make_tensor(name, TensorProto.BOOL, [], [False]) for name in ("scale", "sparse")]
+    node = helper.make_node("ATen", ["grad", "indices", "num_weights", "padding_idx", "scale", "sparse"], ["weight_grad"],
+                            name="emb_grad", domain="org.pytorch.aten", operator="embedding_backward", overload_name="")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
+                      helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9])],
+        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [ROWS, DIM])], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16),
+                                                   helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
+
+
+def test_swapped_node_computes_atens_values_in_a_session():
+    import onnxruntime as ort
+
+    model = _model()
+    assert swap_kernels(model.graph) == {"ATen": 1}
+    operator = {a.name: a.s for a in model.graph.node[0].attribute}["operator"]
+    assert operator == b"ort_hf::embedding_dense_grad"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (4, 5, 6):  # later calls may write into the first call's buffer
+        grad, indices = _inputs(seed)
+        (got,) = session.run(None, {"grad": grad.numpy(), "indices": indices.numpy()})
+        np.testing.assert_array_equal(got, _aten(grad, indices).numpy())
+
+
+def test_release_leaves_results_in_use_intact():
+    from ort_hf.engine.cpu_kernel_swaps import release_kernel_buffers
+
+    grad, indices = _inputs(7)
+    held = _ours(grad, indices)
+    release_kernel_buffers()  # what a wrapped model's end calls
+    _ours(*_inputs(8))
+    assert torch.equal(held, _aten(grad, indices))
