@@ -9,20 +9,12 @@ import torch
 from onnx import TensorProto, helper
 
 from ort_hf.engine.cpu_kernel_swaps import swap_kernels
-from ort_hf.engine.runtime import ensure_engine
 
 N = 200_003  # odd: the kernel draws one 64-bit value per pair of elements
 RATIO = 0.1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def engine():
-    ensure_engine()  # builds and loads our kernels
-    from onnxruntime.training.ortmodule.torch_cpp_extensions.cpu.aten_op_executor import (
-        load_aten_op_executor_cpp_extension,
-    )
-
-    load_aten_op_executor_cpp_extension()  # ORT's ATen node calls into torch through it
+pytestmark = pytest.mark.usefixtures("aten_nodes_run")
 
 
 def _model(ratio=RATIO, training=True, ratio_as_input=False, mask_reader="DropoutGrad", dtype=TensorProto.FLOAT):

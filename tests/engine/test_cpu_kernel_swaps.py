@@ -63,18 +63,6 @@ def test_scores_of_another_precision_stay_with_ort():
     assert swap_kernels(model.graph) == {}
 
 
-@pytest.fixture
-def aten_nodes_run():
-    from ort_hf.engine.runtime import ensure_engine
-
-    ensure_engine()
-    from onnxruntime.training.ortmodule.torch_cpp_extensions.cpu.aten_op_executor import (
-        load_aten_op_executor_cpp_extension,
-    )
-
-    load_aten_op_executor_cpp_extension()  # ORT's ATen node calls into torch through it
-
-
 def _bias_gelu_grad_model(dtype=TensorProto.FLOAT):
     rows, hidden = 33, 48
     inputs = [helper.make_tensor_value_info(name, dtype, [rows, hidden]) for name in ("dy", "x")]

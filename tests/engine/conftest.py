@@ -1,0 +1,15 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def aten_nodes_run():
+    """ORT sessions here can run ATen nodes: ort_hf's kernels built and registered with torch,
+    and ORT's executor that calls into torch for those nodes loaded."""
+    from ort_hf.engine.runtime import ensure_engine
+
+    ensure_engine()  # builds and loads our kernels
+    from onnxruntime.training.ortmodule.torch_cpp_extensions.cpu.aten_op_executor import (
+        load_aten_op_executor_cpp_extension,
+    )
+
+    load_aten_op_executor_cpp_extension()
