@@ -122,6 +122,11 @@ class ORTOptions:
                                            "(threaded, counter-based masks seeded per step) instead of ORT's serial "
                                            "ones; same contract (engine/cpu_kernel_swaps.py). False keeps ORT's, "
                                            "as does recompute (ORT recomputes only its own).")
+    preflight: str = _opt("auto", "Before the first optimizer step, check ORT's graph against PyTorch on the first batch and "
+                                  "on a longer copy of it (dropout off, a separate session): same loss and gradients, "
+                                  "or the model is refused before training. 'auto': for every model class the "
+                                  "architecture sweep has not proven exact (docs/architectures.md); 'always'; 'never'.",
+                          choices=("auto", "always", "never"))
     # Why one thread by default: model_hooks._bridge_torch_threads_in_graph.
     torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
                                                     "Default: 1 on CPU, unchanged on CUDA; 0 leaves "

@@ -144,6 +144,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_intra_op_spinning: bool | None = _ort("intra_op_spinning")
     ort_torch_threads_in_graph: int | None = _ort("torch_threads_in_graph")
     ort_cpu_dropout_kernels: bool = _ort("cpu_dropout_kernels")
+    ort_preflight: str = _ort("preflight")
 
     def _refuse_what_ort_cannot_run(self) -> None:
         if not self.use_ort:
