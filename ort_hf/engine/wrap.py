@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import weakref
@@ -22,6 +23,8 @@ from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_
 from .padding import trim_trailing_padding
 from .padding_elimination import padding_unread, worth_eliminating
 from .precision import check_precision
+from .preflight import PreflightMismatch, run_preflight
+from .proven import model_class_name, padding_rewrites_proven, proven_exact
 from .runtime import EngineState, ensure_engine, register_symbolics
 from .session_inspection import TrainingSessionInspection
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
@@ -55,6 +58,7 @@ class WrapSettings:
     pythonop: bool  # torch.autograd.Function runs as ORT PythonOp (asked for, and the extension is there)
     trim_padding: bool
     eliminate_padding: bool
+    preflight: bool  # check ORT against PyTorch before the first step (preflight.py)
     disable_cache: bool  # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type)
 
     @classmethod
@@ -65,12 +69,17 @@ class WrapSettings:
                              "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
                              "on a GPU. Leave eliminate_padding unset on CUDA.")
         config = getattr(module, "config", None)
+        # The padding rewrites change what a model computes wherever it reads a padding position
+        # (a convolution or pooling over the sequence, a loss over positions): by default they run
+        # only for the classes the sweep proved they leave exact (proven.py).
+        rewrites = not on_cuda and padding_rewrites_proven(module)
         return cls(
             options=options,
             on_cuda=on_cuda,
             pythonop=state.pythonop_available and options.enable_custom_autograd,
-            trim_padding=options.trim_padding if options.trim_padding is not None else not on_cuda,
-            eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else not on_cuda,
+            trim_padding=options.trim_padding if options.trim_padding is not None else rewrites,
+            eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else rewrites,
+            preflight=options.preflight == "always" or (options.preflight == "auto" and not proven_exact(module)),
             disable_cache="use_cache" in inspect.signature(module.forward).parameters
             and bool(getattr(config, "use_cache", False)),
         )
@@ -81,6 +90,7 @@ class RunState:
     """What the wrapped model's forwards have found out so far."""
 
     ran: bool = False  # a forward went to ORT (or fell back)
+    checked: bool = False  # the pre-flight ran (or was not wanted)
     fallback_reason: str | None = None
     use_pytorch: bool = False  # training forwards run in PyTorch (fallback, timing, --use_ort auto)
     stateful: StatefulForward | None = None  # once forward was seen writing buffers
@@ -151,6 +161,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         set_custom_autograd(settings.pythonop)
         token = ACTIVE_EXPORT_RECORD.set(self._record)
         try:
+            if self.training and not run.checked:
+                self._first_training_step(args, kwargs)
             with self._trainable_check():
                 output = self._run_ort(args, kwargs)
         except Exception as exc:
@@ -170,6 +182,38 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             ACTIVE_EXPORT_RECORD.reset(token)
         self._note_backend()
         return output
+
+    def _first_training_step(self, args: tuple, kwargs: dict) -> None:
+        """Say which padding rewrites run and why, and run the pre-flight where it is wanted."""
+        settings, name = self._settings, model_class_name(self.module)
+        self._run.checked = True
+        options = settings.options
+        if not settings.on_cuda and options.trim_padding is None and options.eliminate_padding is None:
+            if settings.trim_padding:
+                logger.info("ort_hf: padding trim and elimination on for %s: the architecture sweep proved them exact "
+                            "for it (docs/architectures.md).", name)
+            else:
+                logger.warning("ort_hf: padding trim and elimination off for %s: the architecture sweep has not proven "
+                               "them exact for it (docs/architectures.md); --ort_trim_padding true and "
+                               "--ort_eliminate_padding true force them.", name)
+        if not settings.preflight:
+            return
+        logger.warning("ort_hf: %s is not among the classes the architecture sweep proved exact: checking ORT's graph "
+                       "against PyTorch on the first batch before training (--ort_preflight never skips this).", name)
+        # The check's own session: fallback disabled (a failure is the answer), no rewrite and no
+        # export cache (its graph is built with dropout off and must never serve the real run).
+        check = dataclasses.replace(options, fallback="disable", preflight="never", trim_padding=False,
+                                    eliminate_padding=False, export_cache_dir=None, save_onnx=False, onnx_dir=None,
+                                    profile_dir=None, mem_efficient_grad_mgmt=False)
+        config = getattr(self.module, "config", None) or getattr(getattr(self.module, "model", None), "config", None)
+        try:
+            summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs,
+                                    getattr(config, "pad_token_id", None))
+        except PreflightMismatch:
+            raise
+        except Exception as exc:  # the check's own session could not be built or run
+            raise PreflightMismatch(f"pre-flight: {describe_failure(exc)}") from exc
+        logger.info("ort_hf: pre-flight of %s: %s.", name, summary)
 
     def _check_padding_elimination(self, inputs: dict) -> None:
         """Ask for padding elimination if this batch builds a graph and gains from it; refuse a batch

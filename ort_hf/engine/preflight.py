@@ -1,0 +1,246 @@
+"""The pre-flight: before a model the sweep has not proven trains, ORT's graph must give PyTorch's
+numbers on the first batch and on a longer copy of it.
+
+It runs in a session of its own (exported with the model's dropout turned off, released after),
+before the first optimizer step, and compares one forward and backward in each engine:
+
+* the objective: the ``loss`` the model returns, or else a fixed random projection of every float
+  output (at real positions only), so the check covers what a loss computed outside the graph reads;
+* every parameter's gradient of it, as one relative error.
+
+The longer copy appends padding columns (``attention_mask`` 0, labels -100) to every tensor laid out
+as the batch's tokens: a graph that baked the first batch's length into a constant (a ``Gather``
+whose indices go out of range, a wrong relative-position table) fails here instead of at step 2.
+Where the model's positions cannot grow, the copy is shorter instead.
+
+A failure raises :class:`PreflightMismatch`; the wrapped model's fallback policy then decides, as
+for an export failure: PyTorch trains it (``fallback='auto'``, said before training) or the run
+stops (``'disable'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from .._model_state import buffer_values, restore_buffers
+
+logger = logging.getLogger(__name__)
+
+# Float32 ORT against PyTorch on the same graph: losses agree to ~1e-6 and gradients to ~1e-5
+# relative on the sweep's models; a graph that computes something else is far outside both.
+LOSS_ATOL, LOSS_RTOL = 2e-5, 2e-5
+GRAD_RTOL = 1e-3
+# Padding columns appended for the second length (a quarter more, at least 3).
+_GROW_FRACTION, _GROW_MIN = 0.25, 3
+
+
+_FIRST = "the first batch"
+
+
+class PreflightMismatch(RuntimeError):
+    """ORT's graph did not give PyTorch's numbers on the pre-flight batches."""
+
+
+@dataclasses.dataclass
+class _Pass:
+    objective: float
+    grads: list[torch.Tensor | None]
+
+
+def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_id: int | None) -> str:
+    """Check ``wrap(module)`` (a fresh ORT training module, fallback disabled) against ``module`` in
+    PyTorch on ``kwargs`` and a copy of another length. Returns a one-line summary; raises
+    :class:`PreflightMismatch` naming the batch and what differed."""
+    batches = [(_FIRST, kwargs)]
+    other = _other_length(module, kwargs, pad_token_id)
+    if other is not None:
+        batches.append(other)
+    params = [p for p in module.parameters() if p.requires_grad]
+    with _dropout_off(module), _state_kept(module, params):
+        wrapped = wrap(module)
+        try:
+            wrapped.train()
+            worst = 0.0
+            for what, batch in batches:
+                mask = _token_mask(batch)
+                ref = _one_pass(module, args, batch, params, mask)
+                if ref is None:  # PyTorch itself cannot run this copy: nothing to compare
+                    continue
+                try:
+                    got = _one_pass(wrapped, args, batch, params, mask, reference=False)
+                except Exception as exc:
+                    raise PreflightMismatch(_ort_failed(what, exc)) from exc
+                worst = max(worst, _compare(what, ref, got, params, module))
+        finally:
+            wrapped.release()
+    lengths = " and ".join(what for what, _ in batches)
+    return f"ORT matched PyTorch on {lengths} (gradient relative error {worst:.1e})"
+
+
+def _ort_failed(what: str, exc: Exception) -> str:
+    from .failures import describe_failure
+
+    reason = describe_failure(exc.__cause__ if exc.__cause__ is not None else exc)
+    if what == _FIRST:
+        return f"pre-flight: ORT could not train the first batch: {reason}"
+    return (f"pre-flight: ORT's graph, exported on the first batch, fails on {what}: a size of the first batch "
+            f"is baked into it as a constant, so a batch of another length would crash or train wrongly ({reason})")
+
+
+def _one_pass(net, args, batch, params, mask, reference=True) -> _Pass | None:
+    try:
+        out = net(*args, **batch)
+    except Exception:
+        if reference:
+            return None
+        raise
+    objective = _objective(out, mask)
+    grads = torch.autograd.grad(objective, params, allow_unused=True)
+    return _Pass(float(objective.detach()), [None if g is None else g.detach().clone() for g in grads])
+
+
+def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
+    name = type(module).__name__
+    if math.isfinite(ref.objective) and not math.isfinite(got.objective):
+        raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective} where PyTorch's "
+                                f"is {ref.objective:.6g}")
+    if abs(ref.objective - got.objective) > LOSS_ATOL + LOSS_RTOL * abs(ref.objective):
+        raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective:.6g} where "
+                                f"PyTorch's is {ref.objective:.6g}: ORT's graph computes something else")
+    diff = total = 0.0
+    for p, r, g in zip(params, ref.grads, got.grads):
+        r = torch.zeros_like(p) if r is None else r
+        g = torch.zeros_like(p) if g is None else g
+        diff += float((g.double() - r.double()).pow(2).sum())
+        total += float(r.double().pow(2).sum())
+    error = math.sqrt(diff / total) if total > 0 else math.sqrt(diff)
+    if not math.isfinite(error) or error > GRAD_RTOL:
+        raise PreflightMismatch(f"pre-flight: on {what}, ORT's gradients of {name} are {error:.2g} (relative) "
+                                "from PyTorch's: ORT's graph computes something else")
+    return error
+
+
+def _objective(out, mask: torch.Tensor | None) -> torch.Tensor:
+    loss = _loss_of(out)
+    if loss is not None:
+        return loss
+    generator = torch.Generator().manual_seed(0)
+    total = None
+    for tensor in _float_tensors(out):
+        weights = torch.randn(tensor.shape, generator=generator, dtype=torch.float32).to(tensor.device, tensor.dtype)
+        if mask is not None and tensor.dim() >= 2 and tuple(tensor.shape[:2]) == tuple(mask.shape):
+            weights = weights * mask.reshape(*mask.shape, *([1] * (tensor.dim() - 2))).to(weights)
+        term = (tensor * weights).sum()
+        total = term if total is None else total + term
+    if total is None:
+        raise PreflightMismatch("pre-flight: the model returned no floating-point tensor to compare")
+    return total
+
+
+def _loss_of(out):
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    return loss if torch.is_tensor(loss) and loss.dim() == 0 and loss.requires_grad else None
+
+
+def _float_tensors(out):
+    if torch.is_tensor(out):
+        if out.is_floating_point() and out.requires_grad:
+            yield out
+    elif isinstance(out, Mapping):
+        for value in out.values():
+            yield from _float_tensors(value)
+    elif isinstance(out, (tuple, list)):
+        for value in out:
+            yield from _float_tensors(value)
+
+
+def _token_mask(batch: dict) -> torch.Tensor | None:
+    mask = batch.get("attention_mask")
+    return mask if torch.is_tensor(mask) and mask.dim() == 2 else None
+
+
+def _other_length(module: nn.Module, kwargs: dict, pad_token_id: int | None):
+    """A copy of the batch with padding columns appended, or a shorter cut where positions are capped."""
+    ids = kwargs.get("input_ids", kwargs.get("attention_mask"))
+    if not torch.is_tensor(ids) or ids.dim() != 2:
+        return None
+    batch, length = ids.shape
+    grow = max(_GROW_MIN, int(length * _GROW_FRACTION))
+    limit = _max_positions(module)
+    if limit is None or length + grow <= limit:
+        return f"a copy {grow} columns longer", {k: _grow(k, v, batch, length, grow, pad_token_id)
+                                                  for k, v in kwargs.items()}
+    cut = length - max(1, length // 4)
+    if cut < 2:
+        return None
+    return f"a copy cut to {cut} columns", {k: (v[:, :cut] if _tokenwise(v, batch, length) else v)
+                                           for k, v in kwargs.items()}
+
+
+def _tokenwise(value, batch: int, length: int) -> bool:
+    return torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (batch, length)
+
+
+def _grow(name: str, value, batch: int, length: int, grow: int, pad_token_id: int | None):
+    if not _tokenwise(value, batch, length):
+        return value
+    if name == "position_ids":
+        tail = value[:, -1:] + torch.arange(1, grow + 1, device=value.device, dtype=value.dtype)
+        return torch.cat([value, tail], dim=1)
+    fill = {"labels": -100, "input_ids": pad_token_id or 0}.get(name, 0)
+    if "label" in name:
+        fill = -100
+    tail = torch.full((batch, grow, *value.shape[2:]), fill, dtype=value.dtype, device=value.device)
+    return torch.cat([value, tail], dim=1)
+
+
+def _max_positions(module: nn.Module) -> int | None:
+    config = next((c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None), None)
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "max_seq_len")]
+    limits = [x for x in limits if isinstance(x, int) and x > 0]
+    return min(limits) if limits else None
+
+
+@contextlib.contextmanager
+def _dropout_off(module: nn.Module):
+    """Every dropout of the model at 0 for the block: ``nn.Dropout`` modules, float attributes named
+    like a dropout rate (read by functional dropout in forward), and the config's rates."""
+    saved: list[tuple[object, str, object]] = []
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
+    owners = [*module.modules(), *configs.values()]
+    for owner in owners:
+        if isinstance(owner, nn.modules.dropout._DropoutNd):
+            saved.append((owner, "p", owner.p))
+            owner.p = 0.0
+        for key, value in list(vars(owner).items()):
+            if isinstance(value, float) and not isinstance(value, bool) and value > 0 and (
+                    "dropout" in key or "drop_prob" in key or key.endswith("_drop")):
+                saved.append((owner, key, value))
+                setattr(owner, key, 0.0)
+    try:
+        yield
+    finally:
+        for owner, key, value in reversed(saved):
+            setattr(owner, key, value)
+
+
+@contextlib.contextmanager
+def _state_kept(module: nn.Module, params):
+    """Gradients, buffers and torch's RNG as they were before the pre-flight."""
+    grads = [p.grad for p in params]
+    buffers = buffer_values(module)
+    devices = sorted({p.device.index or 0 for p in params if p.is_cuda})
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+        restore_buffers(module, buffers)

@@ -1,0 +1,55 @@
+"""What the architecture sweep (``ort-hf sweep``, docs/architectures.md) proved for each model class.
+
+``proven_architectures.json`` beside this file is written by the sweep's render step, never by
+hand. A class is listed under:
+
+* ``exact``: ORT's graph, with no padding rewrite, trained it as ``Trainer`` does (every step's
+  loss within 1e-4 over ragged batches of changing length, step-1 gradients close). The first-batch
+  pre-flight (``preflight.py``) is skipped for it.
+* ``padding_rewrites``: the same with padding trim and padding elimination forced on, and step-1
+  gradients as close as without them: nothing it trains reads a padding position. Only these
+  classes get the rewrites by default.
+
+A model of any other class (a head the sweep did not run, a family it did not prove, a user's own
+module) trains without the rewrites and is checked by the pre-flight before its first step.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from torch import nn
+
+PROVEN_FILE = Path(__file__).with_name("proven_architectures.json")
+
+
+@lru_cache(maxsize=1)
+def _proven() -> dict[str, frozenset[str]]:
+    data = json.loads(PROVEN_FILE.read_text()) if PROVEN_FILE.exists() else {}
+    return {key: frozenset(data.get(key, ())) for key in ("exact", "padding_rewrites")}
+
+
+def model_class_name(module: nn.Module) -> str:
+    """The class of the model inside ort_hf's and PEFT's wrappers (ModuleWithLoss, the fused-head
+    module, the stateful-forward wrapper, a PeftModel): the class the sweep names."""
+    for _ in range(8):
+        owner = type(module).__module__ or ""
+        if owner.startswith("peft.") and hasattr(module, "get_base_model"):
+            module = module.get_base_model()
+        elif owner.startswith("ort_hf.") and isinstance(getattr(module, "model", None), nn.Module):
+            module = module.model
+        elif owner.startswith("ort_hf.") and isinstance(getattr(module, "module", None), nn.Module):
+            module = module.module
+        else:
+            break
+    return type(module).__name__
+
+
+def proven_exact(module: nn.Module) -> bool:
+    return model_class_name(module) in _proven()["exact"]
+
+
+def padding_rewrites_proven(module: nn.Module) -> bool:
+    return model_class_name(module) in _proven()["padding_rewrites"]
