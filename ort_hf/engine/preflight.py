@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .._model_state import buffer_values, restore_buffers
+from .errors import ORTFallbackError
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,11 @@ def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_
                 try:
                     got = _one_pass(wrapped, args, batch, params, mask, reference=False)
                 except Exception as exc:
-                    raise PreflightMismatch(_ort_failed(what, exc)) from exc
+                    # Unwrapped from the check's own fallback-disabled error, so the caller's policy decides.
+                    cause = exc.__cause__ if isinstance(exc, ORTFallbackError) and exc.__cause__ is not None else exc
+                    if what == _FIRST:
+                        raise cause from None  # what the training session's export would hit too
+                    raise PreflightMismatch(_baked_length(what, cause)) from cause
                 worst = max(worst, _compare(what, ref, got, params, module))
         finally:
             wrapped.release()
@@ -84,14 +89,12 @@ def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_
     return f"ORT matched PyTorch on {lengths} (gradient relative error {worst:.1e})"
 
 
-def _ort_failed(what: str, exc: Exception) -> str:
+def _baked_length(what: str, exc: Exception) -> str:
     from .failures import describe_failure
 
-    reason = describe_failure(exc.__cause__ if exc.__cause__ is not None else exc)
-    if what == _FIRST:
-        return f"pre-flight: ORT could not train the first batch: {reason}"
     return (f"pre-flight: ORT's graph, exported on the first batch, fails on {what}: a size of the first batch "
-            f"is baked into it as a constant, so a batch of another length would crash or train wrongly ({reason})")
+            f"is baked into it as a constant, so a batch of another length would crash or train wrongly "
+            f"({describe_failure(exc)})")
 
 
 def _one_pass(net, args, batch, params, mask, reference=True) -> _Pass | None:
@@ -108,12 +111,14 @@ def _one_pass(net, args, batch, params, mask, reference=True) -> _Pass | None:
 
 def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
     name = type(module).__name__
+    wrong = ("ORT's graph computes something else" if what == _FIRST else
+             "the graph exported on the first batch holds a size of it as a constant and is wrong at another length")
     if math.isfinite(ref.objective) and not math.isfinite(got.objective):
         raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective} where PyTorch's "
                                 f"is {ref.objective:.6g}")
     if abs(ref.objective - got.objective) > LOSS_ATOL + LOSS_RTOL * abs(ref.objective):
         raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective:.6g} where "
-                                f"PyTorch's is {ref.objective:.6g}: ORT's graph computes something else")
+                                f"PyTorch's is {ref.objective:.6g}: {wrong}")
     diff = total = 0.0
     for p, r, g in zip(params, ref.grads, got.grads):
         r = torch.zeros_like(p) if r is None else r
@@ -123,7 +128,7 @@ def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
     error = math.sqrt(diff / total) if total > 0 else math.sqrt(diff)
     if not math.isfinite(error) or error > GRAD_RTOL:
         raise PreflightMismatch(f"pre-flight: on {what}, ORT's gradients of {name} are {error:.2g} (relative) "
-                                "from PyTorch's: ORT's graph computes something else")
+                                f"from PyTorch's: {wrong}")
     return error
 
 

@@ -23,7 +23,7 @@ from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_
 from .padding import trim_trailing_padding
 from .padding_elimination import padding_unread, worth_eliminating
 from .precision import check_precision
-from .preflight import PreflightMismatch, run_preflight
+from .preflight import run_preflight
 from .proven import model_class_name, padding_rewrites_proven, proven_exact
 from .runtime import EngineState, ensure_engine, register_symbolics
 from .session_inspection import TrainingSessionInspection
@@ -206,13 +206,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
                                     eliminate_padding=False, export_cache_dir=None, save_onnx=False, onnx_dir=None,
                                     profile_dir=None, mem_efficient_grad_mgmt=False)
         config = getattr(self.module, "config", None) or getattr(getattr(self.module, "model", None), "config", None)
-        try:
-            summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs,
-                                    getattr(config, "pad_token_id", None))
-        except PreflightMismatch:
-            raise
-        except Exception as exc:  # the check's own session could not be built or run
-            raise PreflightMismatch(f"pre-flight: {describe_failure(exc)}") from exc
+        summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs,
+                                getattr(config, "pad_token_id", None))
         logger.info("ort_hf: pre-flight of %s: %s.", name, summary)
 
     def _check_padding_elimination(self, inputs: dict) -> None:

@@ -64,20 +64,11 @@ def _assert_parity(ref, got):
     assert max(diffs) <= 1e-4, f"per-step loss diffs {['%.1e' % d for d in diffs]}"
 
 
-@pytest.mark.parametrize("pooling", ["late", "mean", "bos"])
-def test_eurobert_classification_matches_trainer(pooling, tmp_path):
-    # Padding elimination off: its rewrite fills padding positions with real rows' values and
-    # moves the pooling's multiply by attention_mask onto the real rows, so the masked mean sums
-    # those copies (see the test below).
+@pytest.mark.parametrize("pooling", ["late", "mean"])
+def test_eurobert_masked_mean_pooling_matches_trainer_with_defaults(pooling, tmp_path):
+    # EuroBERT's poolings sum over positions ((logits * attention_mask.unsqueeze(-1)).sum(dim=1)):
+    # padding elimination, which fills padding positions with real rows' values, would make that
+    # sum read them. ORTTrainer's defaults leave the padding rewrites off for a class the
+    # architecture sweep has not proven them exact for, and check the graph before the first step.
     ref = _losses(pooling, tmp_path / "pt", None)
-    _assert_parity(ref, _losses(pooling, tmp_path / "ort", {"ort_eliminate_padding": False}))
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "padding elimination's rewrite reads padding positions here: EuroBERT's masked-mean pooling "
-    "(modeling_eurobert.py, (logits * attention_mask.unsqueeze(-1)).sum(dim=1)) runs its Mul on the "
-    "unpadded rows, and ReduceSum then sums the padded layout, whose padding positions hold copies of "
-    "real rows. Drop this marker once the policy keeps the rewrite off for such models."))
-def test_eurobert_masked_mean_pooling_with_default_padding_elimination(tmp_path):
-    ref = _losses("late", tmp_path / "pt", None)
-    _assert_parity(ref, _losses("late", tmp_path / "ort", {}))
+    _assert_parity(ref, _losses(pooling, tmp_path / "ort", {}))
