@@ -260,9 +260,11 @@ def _bridge_padding_elimination() -> None:
     def wrap(original):
         def initialize_graph_builder(self, post_export_processed_model_info):
             record = ACTIVE_EXPORT_RECORD.get()
-            if record is not None:
+            # Only a training graph's build says what the training graph is: an inference graph
+            # (eval_in_ort) built later must not clear the guard of the rewritten training graph.
+            if record is not None and self._export_mode == torch.onnx.TrainingMode.TRAINING:
                 record.padding_rewrite = None
-                if record.eliminate_padding and self._export_mode == torch.onnx.TrainingMode.TRAINING:
+                if record.eliminate_padding:
                     info = post_export_processed_model_info
                     info._post_export_processed_model, record.padding_rewrite = eliminate_padding(
                         info._post_export_processed_model)

@@ -71,3 +71,22 @@ def test_asking_for_it_on_cuda_is_refused(monkeypatch):
     monkeypatch.setattr(model, "parameters", lambda: iter([SimpleNamespace(is_cuda=True)]))
     with pytest.raises(ValueError, match="never run on a GPU"):
         WrapSettings.of(model, ORTOptions(eliminate_padding=True), state=None)
+
+
+def test_an_evaluation_in_ort_leaves_the_guard_in_place():
+    # ORT builds an inference graph for eval_in_ort; the training graph stays rewritten, and so
+    # must its guard against batches it cannot train exactly.
+    gen = torch.Generator().manual_seed(6)
+    options = ORTOptions(fallback="disable", log_level="ERROR", eval_in_ort=True, eliminate_padding=True)
+    wrapped = wrap_model(build(FAMILIES["bert-mlm"]), options)
+    wrapped.train()
+    first = _ragged("mlm", gen, steps=1)[0]
+    wrapped(**first).loss.backward()
+    assert wrapped.padding_rewrite is not None
+    wrapped.eval()
+    with torch.no_grad():
+        wrapped(**first)
+    wrapped.train()
+    assert wrapped.padding_rewrite is not None
+    with pytest.raises(ValueError, match="eliminate_padding"):
+        wrapped(**_ragged("mlm", gen, steps=1, pad_left=True)[0])
