@@ -65,9 +65,16 @@ def _seconds(results: dict[str, dict[str, dict]]) -> list[str]:
     return lines
 
 
+def _why_not_exact(rewrites: dict) -> str:
+    grads = rewrites.get("grad_rel_error")
+    if rewrites["cell"] == "parity" and grads is not None:
+        return f"step-1 gradients off by {grads:.1e}"
+    return rewrites["cell"].replace("not-counted", "not counted")
+
+
 def _rewrites_note(by_task: dict[str, dict]) -> str:
     exact = [t for t, r in by_task.items() if rewrites_exact(r["modes"].get("rewrites"))]
-    inexact = [f"{t} ({r['modes']['rewrites']['cell']})" for t, r in by_task.items()
+    inexact = [f"{t} ({_why_not_exact(r['modes']['rewrites'])})" for t, r in by_task.items()
                if "rewrites" in r["modes"] and t not in exact]
     if not exact and not inexact:
         return "not run"
