@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ort_hf-installed
 
-.PHONY: setup test test-all doctor demo bench gpu-check test-gpu clean
+.PHONY: setup test test-all doctor demo bench sweep gpu-check test-gpu clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11 (onnxruntime-training 1.19.2 has no wheels beyond it); set PYTHON=/path/to/python3.11"'
@@ -40,6 +40,13 @@ demo: setup
 # process, checked against this project's targets; the data from ../shared/data (docs/benchmarks.md).
 bench: setup
 	$(VENV)/bin/ort-hf bench --out outputs/bench --data_dir ../shared/data --targets bench/targets.toml
+
+# Every model type of transformers' Auto mappings, Trainer against ORTTrainer on a tiny config, two cases at
+# a time, each in its own process (hours on 2 cores; cases already in docs/results/sweep are kept), then
+# docs/architectures.md and ort_hf/engine/proven_architectures.json from the results. Not part of `make test`.
+sweep: setup
+	$(VENV)/bin/ort-hf sweep --out docs/results/sweep --jobs 2
+	$(VENV)/bin/ort-hf sweep --render --out docs/results/sweep
 
 # The CUDA side, in its own venv (about 9 GB: CUDA torch 2.13, ORT's CUDA build and its CUDA 11
 # libraries, nvcc wheels). torch's CUDA build comes from the default index, so this machine's pip

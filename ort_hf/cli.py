@@ -1,4 +1,5 @@
-"""The `ort-hf` command: `ort-hf doctor` checks that the engine can train on this machine."""
+"""The `ort-hf` command: `ort-hf doctor` checks that the engine can train on this machine; `bench`,
+`report` and `sweep` measure it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
         bench.add_argument("arguments", nargs=argparse.REMAINDER)
     else:
         add_bench_arguments(bench)
+    sweep = sub.add_parser("sweep", help="every model type of transformers' Auto mappings, Trainer vs ORTTrainer on "
+                                         "a tiny config (docs/architectures.md)")
+    from .sweep.main import add_arguments as add_sweep_arguments
+
+    add_sweep_arguments(sweep)
     args = parser.parse_args(argv)
     if args.command in ("bench", "report"):
         try:
@@ -43,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.main import run as run_bench
 
         return run_bench(args, (sys.argv[1:] if argv is None else argv)[1:])
+    if args.command == "sweep":
+        from .sweep.main import run as run_sweep
+
+        return run_sweep(args)
     return 2
 
 

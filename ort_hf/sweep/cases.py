@@ -1,0 +1,79 @@
+"""What the sweep runs: the tasks (an Auto mapping each), the ORT modes, and the training run they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    mapping: str  # a *_MAPPING_NAMES of transformers.models.auto.modeling_auto: model type -> class name
+    collator: str  # data.COLLATORS key
+    labels: str  # data.rows: "class", "token", "span", "sequence" or "none" (the collator makes them)
+    needs: tuple[str, ...] = ()  # special ids the data needs beyond pad (tiny_config.tiny_config)
+    num_labels: int | None = None
+
+
+TASKS = {
+    t.name: t
+    for t in (
+        Task("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "padding", "class", num_labels=3),
+        Task("token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "token",
+             num_labels=3),
+        Task("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm", "none"),
+        Task("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm", "none", needs=("mask",)),
+        Task("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq", "sequence",
+             needs=("decoder_start",)),
+        Task("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "padding", "span"),
+    )
+}
+DEFAULT_TASKS = ("seq-cls", "token-cls", "causal-lm", "masked-lm", "seq2seq-lm", "question-answering")
+
+# Each mode: the ORTTrainingArguments overrides of one ORT run, on top of the shared arguments.
+# ort_fallback="disable" in all of them: a mode that quietly trained in PyTorch would prove nothing.
+MODES: dict[str, dict] = {
+    "default": {},  # what a user gets
+    "raw": {"ort_preflight": "never", "ort_trim_padding": False, "ort_eliminate_padding": False},  # the engine alone
+    "rewrites": {"ort_preflight": "never", "ort_trim_padding": True, "ort_eliminate_padding": True},  # forced on
+}
+STRICT = {"ort_fallback": "disable"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The training run both trainers make in every case (docs/architectures.md states these)."""
+
+    steps: int = 4
+    batch_size: int = 4
+    min_len: int = 5
+    max_len: int = 24
+    learning_rate: float = 1e-2
+    seed: int = 42
+
+    def training_arguments(self, output_dir: str) -> dict:
+        return dict(
+            output_dir=output_dir, max_steps=self.steps, per_device_train_batch_size=self.batch_size,
+            optim="sgd", learning_rate=self.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+            # No clipping: the step-1 gradients compared are the raw ones, and clipping would tie every
+            # parameter's update to the global norm.
+            max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
+            seed=self.seed, data_seed=self.seed, disable_tqdm=True, dataloader_num_workers=0,
+            train_sampling_strategy="sequential",  # both trainers see the same batches in the same order
+        )
+
+
+SETTINGS = RunSettings()
+
+
+def model_class_name(task: Task, model_type: str) -> str:
+    from transformers.models.auto import modeling_auto
+
+    name = getattr(modeling_auto, task.mapping)[model_type]
+    return name[0] if isinstance(name, (tuple, list)) else name
+
+
+def model_types(task: Task) -> list[str]:
+    from transformers.models.auto import modeling_auto
+
+    return sorted(getattr(modeling_auto, task.mapping))

@@ -1,0 +1,83 @@
+"""The sweep's verdicts: one cell per (model type, task, mode) from the raw facts a worker recorded,
+and the thresholds every verdict and the proven-architecture lists use (here only)."""
+
+from __future__ import annotations
+
+import math
+
+LOSS_ATOL = 1e-4  # each step's loss, ORTTrainer vs Trainer, for parity
+EXACT_GRAD_REL = 1e-4  # step-1 gradient relative error of a raw-mode parity that proves the engine exact
+REWRITES_GRAD_REL = 1e-5  # ... of a rewrites-mode parity that proves padding trimming and elimination exact
+
+CELLS = ("parity", "refused", "crash-step1", "crash", "timeout", "diverge", "not-counted")
+
+
+def _cell(cell: str, detail: str | None = None, step: int | None = None, **facts) -> dict:
+    return {"cell": cell, "detail": detail, "step": step, **facts}
+
+
+def classify(reference: dict, run: dict) -> dict:
+    """``{"cell", "detail", "step", "max_loss_diff"}`` of one ORT run against Trainer's.
+
+    ``reference``: Trainer's record (``status``, ``reason``, ``losses``). ``run``: the worker's
+    record of the ORT run (``losses``, ``steps_done``, ``error``, ``backend``, ...) or the runner's
+    for a process it stopped or saw die (``killed``: ``"timeout"`` or ``"died"``, ``detail``)."""
+    if reference.get("status") != "ok":
+        return _cell("not-counted", reference.get("reason") or "Trainer did not finish")
+    if not all(math.isfinite(x) for x in reference.get("losses") or [math.nan]):
+        return _cell("not-counted", f"Trainer's loss is not finite: {reference.get('losses')}")
+    if run.get("batches_differ_at_step"):
+        return _cell("not-counted", f"harness: ORTTrainer got other batches than Trainer from step "
+                                    f"{run['batches_differ_at_step']}")
+    done = run.get("steps_done", 0)
+    killed, error = run.get("killed"), run.get("error")
+    if killed == "timeout":
+        if done == 0:
+            return _cell("timeout", run.get("detail") or "no step finished in time")
+        return _cell("crash", f"timed out after step {done}: {run.get('detail') or ''}".rstrip(": "), done + 1)
+    if killed:
+        return _cell("crash-step1" if done == 0 else "crash", run.get("detail") or "the worker process died", done + 1)
+    if error:
+        detail = error.get("reason") or error.get("message")
+        if done == 0:
+            return _cell("refused" if error.get("from_ort_hf") else "crash-step1", detail, 1)
+        return _cell("crash", detail, done + 1)
+    return _compare_losses(reference["losses"], run)
+
+
+def _compare_losses(expected: list[float], run: dict) -> dict:
+    losses = run.get("losses", [])
+    diffs = []
+    for step, (want, got) in enumerate(zip(expected, losses), 1):
+        if math.isfinite(want) != math.isfinite(got):
+            return _cell("diverge", f"loss {got} where Trainer's is {want}", step, max_loss_diff=math.inf)
+        diffs.append(abs(want - got))
+    worst = max(diffs, default=0.0)
+    over = next((i for i, d in enumerate(diffs, 1) if d > LOSS_ATOL), None)
+    if over is not None:
+        return _cell("diverge", f"loss differs by {diffs[over - 1]:.1e} at step {over} (max {worst:.1e})", over,
+                     max_loss_diff=worst)
+    if len(losses) < len(expected):
+        return _cell("crash", f"stopped after {len(losses)} steps without an error", len(losses) + 1,
+                     max_loss_diff=worst)
+    if run.get("backend") != "ort":
+        # Not parity: nothing proves ORT computed these losses (fallback is disabled, so this is a defect).
+        return _cell("crash-step1", f"ORT never ran the steps: engine backend {run.get('backend')} "
+                                    f"({run.get('fallback_reason') or 'no reason given'})", 1, max_loss_diff=worst)
+    return _cell("parity", None, None, max_loss_diff=worst)
+
+
+def _grad_within(run: dict | None, bound: float) -> bool:
+    error = (run or {}).get("grad_rel_error")
+    return error is not None and error <= bound
+
+
+def engine_exact(raw: dict | None) -> bool:
+    """Raw-mode parity with step-1 gradients within EXACT_GRAD_REL: the engine alone is exact."""
+    return bool(raw) and raw.get("cell") == "parity" and _grad_within(raw, EXACT_GRAD_REL)
+
+
+def rewrites_exact(rewrites: dict | None) -> bool:
+    """Rewrites-mode parity with step-1 gradients within REWRITES_GRAD_REL: padding trimming and
+    elimination change nothing measurable."""
+    return bool(rewrites) and rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL)

@@ -1,0 +1,193 @@
+"""``ort-hf sweep --render``: docs/architectures.md (counts, one row per model type) and
+ort_hf/engine/proven_architectures.json (the classes the sweep proves exact), from ``<out>/<task>.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from .cases import MODES, SETTINGS, TASKS
+from .cells import CELLS, EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, engine_exact, rewrites_exact
+from .messages import condense
+from .results import read_results, results_path
+
+SHOWN_MODE = "default"  # the per-type table shows what users get
+def _short(detail: str | None) -> str:
+    return condense(detail).replace("|", "\\|")
+
+
+def cell_text(result: dict | None) -> str:
+    if result is None:
+        return "not run"
+    cell = result["cell"]
+    if cell == "parity":
+        grads = result.get("grad_rel_error")
+        if grads is not None and grads > EXACT_GRAD_REL:  # the losses agree, the step-1 gradients do not
+            return f"parity (step-1 gradients off by {grads:.1e})"
+        return "parity"
+    if cell == "crash" and result.get("step"):
+        return f"crash at step {result['step']}: {_short(result.get('detail'))}"
+    if cell == "diverge":
+        return f"diverge: {_short(result.get('detail'))}"
+    return f"{cell.replace('not-counted', 'not counted')}: {_short(result.get('detail'))}"
+
+
+def _load(out: Path) -> dict[str, dict[str, dict]]:
+    return {task: records for task in TASKS if (records := read_results(results_path(out, task)))}
+
+
+def _counts(results: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["| task (mapping) | mode | types run | " + " | ".join(c.replace("not-counted", "not counted")
+                                                                    for c in CELLS) + " |",
+             "|---|---|---:|" + "---:|" * len(CELLS)]
+    for task, records in results.items():
+        for mode in MODES:
+            cells = [r["modes"][mode]["cell"] for r in records.values() if mode in r["modes"]]
+            if cells:
+                lines.append(f"| {task} (`{TASKS[task].mapping}`) | {mode} | {len(cells)} | "
+                             + " | ".join(str(cells.count(c)) for c in CELLS) + " |")
+    return lines
+
+
+def _seconds(results: dict[str, dict[str, dict]]) -> list[str]:
+    def median(values):
+        values = [v for v in values if v is not None]
+        return f"{statistics.median(values):.1f}" if values else "–"
+
+    lines = ["| task | cases | whole case (one process, imports included) | Trainer's run | "
+             + " | ".join(MODES) + " |", "|---|---:|---:|---:|" + "---:|" * len(MODES)]
+    for task, records in results.items():
+        rows = list(records.values())
+        lines.append(f"| {task} | {len(rows)} | {median(r['wall_s'] for r in rows)} | "
+                     f"{median(r['reference'].get('wall_s') for r in rows)} | "
+                     + " | ".join(median(r["modes"].get(m, {}).get("wall_s") for r in rows) for m in MODES) + " |")
+    return lines
+
+
+def _why_not_exact(rewrites: dict) -> str:
+    grads = rewrites.get("grad_rel_error")
+    if rewrites["cell"] == "parity" and grads is not None:
+        return f"step-1 gradients off by {grads:.1e}"
+    return rewrites["cell"].replace("not-counted", "not counted")
+
+
+def _rewrites_note(by_task: dict[str, dict]) -> str:
+    exact = [t for t, r in by_task.items() if rewrites_exact(r["modes"].get("rewrites"))]
+    inexact = [f"{t} ({_why_not_exact(r['modes']['rewrites'])})" for t, r in by_task.items()
+               if "rewrites" in r["modes"] and t not in exact]
+    if not exact and not inexact:
+        return "not run"
+    return "; ".join(filter(None, [f"exact: {', '.join(exact)}" if exact else "",
+                                   f"not: {', '.join(inexact)}" if inexact else ""]))
+
+
+def _per_type(results: dict[str, dict[str, dict]]) -> list[str]:
+    from .cases import model_types
+
+    tasks = list(results)
+    in_mapping = {task: set(model_types(TASKS[task])) for task in tasks}
+    types = sorted(set().union(*in_mapping.values())) if tasks else []
+    lines = ["| model type | " + " | ".join(tasks) + " | padding rewrites exact |",
+             "|---|" + "---|" * (len(tasks) + 1)]
+    for model_type in types:
+        cells = []
+        for task in tasks:
+            record = results[task].get(model_type)
+            if model_type not in in_mapping[task]:
+                cells.append("–")
+            else:
+                cells.append(cell_text(record["modes"].get(SHOWN_MODE) if record else None))
+        by_task = {t: results[t][model_type] for t in tasks if model_type in results[t]}
+        lines.append(f"| {model_type} | " + " | ".join(cells) + f" | {_rewrites_note(by_task)} |")
+    return lines
+
+
+def _conditions(results: dict[str, dict[str, dict]]) -> str:
+    records = [r for records in results.values() for r in records.values()]
+    trees = sorted({r.get("tree", "unknown") for r in records})
+    versions = sorted({r.get("versions", "unknown") for r in records})
+    return f"Results from tree {', '.join(trees)}; {'; '.join(versions)}."
+
+
+def markdown(results: dict[str, dict[str, dict]]) -> str:
+    s = SETTINGS
+    modes = "\n".join(f"- `{m}`: {', '.join(f'{k}={v!r}' for k, v in o.items()) or 'ORTTrainer defaults'}"
+                      for m, o in MODES.items())
+    return "\n".join([
+        "# Architectures: ORTTrainer against Trainer, model type by model type",
+        "",
+        "<!-- Written by `ort-hf sweep --render` from docs/results/sweep/*.jsonl; do not edit by hand. -->",
+        "",
+        "For every model type of transformers' Auto mappings (one mapping per task), the sweep builds a tiny "
+        "model from the type's own default config (sizes shrunk by the table in `ort_hf/sweep/tiny_config.py`, "
+        "every dropout 0), and trains it twice from the same weights on the same batches: with `Trainer` and "
+        f"with `ORTTrainer` (`ort_fallback=\"disable\"`). {s.steps} steps of SGD (lr {s.learning_rate}, no "
+        f"gradient clipping), batch {s.batch_size}, random rows {s.min_len}-{s.max_len} tokens long, padded on "
+        "the right by transformers' own collator for the task (masked LM: the collator's seeded masking, the "
+        "same in both runs). Each case runs in its own process with a time limit per run.",
+        "",
+        "ORT runs once per mode, each from fresh weights:",
+        "",
+        modes,
+        "",
+        f"Cells: **parity** (every step's loss within {LOSS_ATOL:g} of Trainer's and ORT proven to have run), "
+        "**refused** (ORTTrainer stopped before the first optimizer step with a message of its own), "
+        "**crash-step1** (another error before the first optimizer step), **crash** (an error, hang or dead "
+        "process after at least one step), **timeout** (no step finished in time), **diverge** (a loss off by "
+        f"more than {LOSS_ATOL:g}, or finite on one side only), **not counted** (the tiny model cannot be built, "
+        "or Trainer itself fails or gives a non-finite loss).",
+        "",
+        f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
+        f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together) as `exact`, and those whose "
+        f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `padding_rewrites`.",
+        "",
+        "Re-run: `make sweep` (every task and mode, two cases at a time, then this page), or e.g. "
+        "`ort-hf sweep --tasks seq-cls --types bert,gpt2` followed by `ort-hf sweep --render`. Cases already "
+        "in docs/results/sweep are kept unless `--redo`.",
+        "",
+        _conditions(results),
+        "",
+        "## Counts",
+        "",
+        *_counts(results),
+        "",
+        "## Median seconds per case",
+        "",
+        *_seconds(results),
+        "",
+        f"## Model types (`{SHOWN_MODE}` mode)",
+        "",
+        "`–`: the type is not in that task's mapping. The last column is the `rewrites` mode's verdict per task "
+        f"(parity and step-1 gradients within {REWRITES_GRAD_REL:g}).",
+        "",
+        *_per_type(results),
+        "",
+    ])
+
+
+def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
+    exact, rewrites = set(), set()
+    for records in results.values():
+        for record in records.values():
+            raw = record["modes"].get("raw")
+            if engine_exact(raw):
+                exact.add(record["model_class"])
+            if raw and raw["cell"] == "parity" and rewrites_exact(record["modes"].get("rewrites")):
+                rewrites.add(record["model_class"])
+    return {
+        "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
+                        f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}; "
+                        f"padding_rewrites: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}.",
+        "exact": sorted(exact),
+        "padding_rewrites": sorted(rewrites),
+    }
+
+
+def render(out: Path, doc: Path, proven: Path) -> tuple[Path, Path]:
+    results = _load(out)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(markdown(results))
+    proven.parent.mkdir(parents=True, exist_ok=True)
+    proven.write_text(json.dumps(proven_lists(results), indent=1) + "\n")
+    return doc, proven

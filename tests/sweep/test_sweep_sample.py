@@ -1,0 +1,145 @@
+"""The architecture sweep on a fixed sample, through the worker processes `ort-hf sweep` uses, plus
+its two pure parts on hand-made inputs: the tiny-config shrinker and the cell classifier."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from ort_hf.engine import ORTFallbackError
+from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify
+from ort_hf.sweep.recording import describe_exception, gradient_errors
+from ort_hf.sweep.render import markdown, proven_lists
+from ort_hf.sweep.runner import run_case
+from ort_hf.sweep.tiny_config import DEPTHS, HEAD_COUNTS, HEADS, LAYERS, VOCAB, size_problems, tiny_config
+
+SAMPLE = {("seq-cls", "bert"): "BertForSequenceClassification", ("causal-lm", "gpt2"): "GPT2LMHeadModel"}
+
+
+def test_sample_cases_train_through_ort_at_parity(tmp_path):
+    # Two cases at once, each in its own worker process, as `ort-hf sweep --jobs 2` runs them.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        records = list(pool.map(lambda case: run_case(*case, ["default"], 240.0, tmp_path / f"{case[1]}.log"),
+                                SAMPLE))
+    for (task, model_type), record in zip(SAMPLE, records):
+        result = record["modes"]["default"]
+        assert record["reference"]["status"] == "ok", record["reference"]
+        assert record["model_class"] == SAMPLE[task, model_type]
+        assert result["cell"] == "parity", (task, model_type, result, (tmp_path / f"{model_type}.log").read_text()[-3000:])
+        assert result["backend"] == "ort" and result["export_s"] > 0  # ORT exported and ran the steps
+        assert len(result["ort_losses"]) == len(result["trainer_losses"]) == 4
+        assert result["max_loss_diff"] <= LOSS_ATOL
+        assert result["grad_rel_error"] <= EXACT_GRAD_REL
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2", "llama", "t5", "bart", "mixtral", "gemma3_text", "distilbert",
+                                        "deberta-v2", "qwen2_moe"])
+def test_tiny_config_is_tiny_and_consistent(model_type):
+    config, specials = tiny_config(model_type, ("mask", "decoder_start"), num_labels=3)
+    assert size_problems(config) == []  # every size attribute at most its tiny value, heads divide the width
+    text = config.get_text_config(decoder=True)
+    assert text.vocab_size <= VOCAB
+    assert all(0 <= i < text.vocab_size for i in specials.by_name.values()), specials.by_name
+    assert config.pad_token_id is not None and "mask" in specials.by_name
+    depth = next(getattr(text, n) for n in DEPTHS if isinstance(vars(text).get(n), int))
+    assert depth <= LAYERS + 2
+    heads = [vars(text)[n] for n in HEAD_COUNTS if isinstance(vars(text).get(n), int)]
+    assert heads and max(heads) <= HEADS
+    for name, value in vars(text).items():
+        if isinstance(value, float) and "drop" in name:
+            assert value == 0.0, name
+    if getattr(text, "layer_types", None) is not None:
+        assert len(text.layer_types) == depth
+
+
+def test_size_problems_sees_what_the_shrinker_must_not_leave():
+    from transformers import BertConfig
+
+    assert size_problems(BertConfig(hidden_size=64, num_attention_heads=3, num_hidden_layers=2)) != []
+    assert size_problems(BertConfig(vocab_size=256, hidden_size=64, num_attention_heads=4, intermediate_size=3072,
+                                    num_hidden_layers=2, max_position_embeddings=128)) == ["intermediate_size=3072 > 128"]
+
+
+def test_tiny_config_keeps_one_layer_of_each_kind():
+    # gemma3's sixth layer is its first full-attention one: the tiny model keeps both kinds.
+    config, _ = tiny_config("gemma3_text")
+    assert set(config.layer_types) == {"sliding_attention", "full_attention"}
+    assert config.num_hidden_layers == len(config.layer_types)
+
+
+def test_tiny_config_moves_large_special_ids_below_the_vocabulary():
+    config, specials = tiny_config("gpt2")
+    assert config.bos_token_id == config.eos_token_id < config.vocab_size  # 50256 both, still equal
+    assert config.pad_token_id not in (config.eos_token_id, None)
+
+
+REFERENCE = {"status": "ok", "losses": [1.0, 0.9, 0.8, 0.7]}
+
+
+def _run(**facts):
+    return {"losses": list(REFERENCE["losses"]), "steps_done": 4, "error": None, "backend": "ort", **facts}
+
+
+def test_classifier_on_hand_made_records():
+    assert classify(REFERENCE, _run())["cell"] == "parity"
+    off = classify(REFERENCE, _run(losses=[1.0, 0.9 + 2e-4, 0.8, 0.7]))
+    assert off["cell"] == "diverge" and off["step"] == 2 and math.isclose(off["max_loss_diff"], 2e-4, rel_tol=1e-3)
+    nan = classify(REFERENCE, _run(losses=[1.0, math.nan, 0.8, 0.7]))
+    assert nan["cell"] == "diverge" and nan["step"] == 2
+    after_one = _run(losses=[1.0], steps_done=1, error={"message": "boom", "from_ort_hf": False})
+    crash = classify(REFERENCE, after_one)
+    assert crash["cell"] == "crash" and crash["step"] == 2
+    assert classify({"status": "ok", "losses": [1.0, math.inf, 0.8, 0.7]}, _run())["cell"] == "not-counted"
+    assert classify({"status": "not-counted", "reason": "model: x"}, _run())["cell"] == "not-counted"
+    first = {"losses": [], "steps_done": 0}
+    assert classify(REFERENCE, {**first, "error": {"message": "ort_hf: no", "from_ort_hf": True}})["cell"] == "refused"
+    assert classify(REFERENCE, {**first, "error": {"message": "x", "from_ort_hf": False}})["cell"] == "crash-step1"
+    assert classify(REFERENCE, {**first, "killed": "timeout"})["cell"] == "timeout"
+    assert classify(REFERENCE, {"losses": [1.0, 0.9], "steps_done": 2, "killed": "timeout"})["cell"] == "crash"
+    assert classify(REFERENCE, {**first, "killed": "died"})["cell"] == "crash-step1"
+    assert classify(REFERENCE, _run(backend="pytorch"))["cell"] != "parity"  # ORT must be shown to have run
+    assert classify(REFERENCE, _run(batches_differ_at_step=3))["cell"] == "not-counted"
+
+
+def test_exceptions_from_ort_hf_count_as_refusals():
+    try:
+        try:
+            raise ORTFallbackError("ORT could not run M and fallback is disabled: unsupported op aten::x")
+        except ORTFallbackError as inner:
+            raise RuntimeError("ORT failed at step 1: ORT could not run M ...") from inner
+    except RuntimeError as exc:
+        described = describe_exception(exc, 0)
+    assert described["from_ort_hf"] and described["ort_hf_error"] == "ORTFallbackError"
+    assert described["message"].startswith("ORT failed at step 1")
+    assert not describe_exception(RuntimeError("Error in backward pass execution"), 0)["from_ort_hf"]
+
+
+def test_gradient_errors_overall_and_worst_parameter():
+    ref = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0, 0.0])}
+    got = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0, 0.5])}
+    errors = gradient_errors(ref, got)
+    assert math.isclose(errors["grad_rel_error"], 0.5 / math.sqrt(26))
+    assert errors["worst_param"] == "b" and math.isclose(errors["worst_param_rel_error"], 0.5)
+
+
+def _record(model_type, model_class, raw_cell, raw_grads, rewrites_grads):
+    mode = {"trainer_losses": [1.0], "ort_losses": [1.0], "detail": None, "step": None, "wall_s": 1.0}
+    return {"task": "seq-cls", "model_type": model_type, "model_class": model_class, "wall_s": 9.0,
+            "reference": {"status": "ok", "wall_s": 1.0},
+            "modes": {"default": {**mode, "cell": "parity", "grad_rel_error": raw_grads},
+                      "raw": {**mode, "cell": raw_cell, "grad_rel_error": raw_grads},
+                      "rewrites": {**mode, "cell": "parity", "grad_rel_error": rewrites_grads}}}
+
+
+def test_render_lists_only_what_the_thresholds_prove():
+    results = {"seq-cls": {"bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
+                           "convbert": _record("convbert", "ConvBertForSequenceClassification", "parity", 6e-3, 6e-3),
+                           "gpt2": _record("gpt2", "GPT2ForSequenceClassification", "parity", 1e-7, 5e-5)}}
+    proven = proven_lists(results)
+    assert proven["exact"] == ["BertForSequenceClassification", "GPT2ForSequenceClassification"]
+    assert proven["padding_rewrites"] == ["BertForSequenceClassification"]
+    text = markdown(results)
+    assert "| bert | parity |" in text and "parity (step-1 gradients off by 6.0e-03)" in text
