@@ -110,7 +110,9 @@ def _one_pass(net, args, batch, params, mask, reference=True) -> _Pass | None:
 
 
 def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
-    name = type(module).__name__
+    from .proven import model_class_name
+
+    name = model_class_name(module)
     wrong = ("ORT's graph computes something else" if what == _FIRST else
              "the graph exported on the first batch holds a size of it as a constant and is wrong at another length")
     if math.isfinite(ref.objective) and not math.isfinite(got.objective):

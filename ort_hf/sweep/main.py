@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once, one process each (default 2)")
     parser.add_argument("--timeout", type=float, default=240.0,
                         help="seconds Trainer's run or one mode of a case may take before it is stopped (default 240)")
+    parser.add_argument("--no-fork", dest="fork", action="store_false",
+                        help="start each worker as a new Python process instead of forking it from this one, "
+                             "which imports torch, transformers and ORT once for all of them")
     parser.add_argument("--redo", action="store_true", help="run cases again that --out already holds")
     parser.add_argument("--render", action="store_true",
                         help=f"run nothing: write {DEFAULT_DOC} and {DEFAULT_PROVEN} from the results in --out")
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     def one(case):
         task, model_type, modes = case
-        record = run_case(task, model_type, modes, args.timeout, logs / task / f"{model_type}.log")
+        record = run_case(task, model_type, modes, args.timeout, logs / task / f"{model_type}.log", args.fork)
         record.update(tree=tree, versions=versions)
         with lock:
             stored[task][model_type] = merge(None if args.redo else stored[task].get(model_type), record)
@@ -112,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
             finished[0] += 1
             print(_progress(finished[0], len(todo), record), flush=True)
 
+    if args.fork and todo:
+        from .runner import preload
+
+        preload()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(one, todo))
     return 0
