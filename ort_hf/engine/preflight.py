@@ -62,7 +62,7 @@ def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_
     batches = [(_FIRST, kwargs)]
     other = _other_length(module, kwargs, pad_token_id)
     if other is not None:
-        batches.append(other)
+        batches.append(_other_rows(*other, kwargs))
     params = [p for p in module.parameters() if p.requires_grad]
     with _dropout_off(module), _state_kept(module, params):
         wrapped = wrap(module)
@@ -189,6 +189,21 @@ def _other_length(module: nn.Module, kwargs: dict, pad_token_id: int | None):
         return None
     return f"a copy cut to {cut} columns", {k: (v[:, :cut] if _tokenwise(v, batch, length) else v)
                                            for k, v in kwargs.items()}
+
+
+def _other_rows(what: str, batch: dict, first: dict):
+    """``batch`` with one row fewer (or, from one row, two): a graph that holds the first batch's
+    number of rows (an epoch's last batch is smaller) fails here too."""
+    ids = first.get("input_ids", first.get("attention_mask"))
+    rows = ids.shape[0]
+    pick = torch.arange(rows - 1) if rows > 1 else torch.zeros(2, dtype=torch.long)
+
+    def take(value):
+        if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows:
+            return value.index_select(0, pick.to(value.device))
+        return value
+
+    return f"{what}, with {len(pick)} rows", {k: take(v) for k, v in batch.items()}
 
 
 def _tokenwise(value, batch: int, length: int) -> bool:

@@ -28,15 +28,25 @@ class BakedLength(torch.nn.Module):
         return {"loss": torch.nn.functional.cross_entropy(self.head(pooled), labels)}
 
 
+class BakedRows(BakedLength):
+    """A loss averaged over the traced batch's number of rows, a Python int."""
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden = (self.embed(input_ids) * attention_mask.unsqueeze(-1)).mean(dim=1)
+        losses = torch.nn.functional.cross_entropy(self.head(hidden), labels, reduction="none")
+        return {"loss": losses.sum() / int(input_ids.shape[0])}
+
+
 def _batch():
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 50, (4, 10), generator=g)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
 
 
-def test_baked_length_is_refused_before_training():
+@pytest.mark.parametrize("module", [BakedLength, BakedRows])
+def test_baked_length_is_refused_before_training(module):
     torch.manual_seed(0)
-    model = BakedLength()
+    model = module()
     before = [p.detach().clone() for p in model.parameters()]
     wrapped = wrap_model(model, CHECKED)
     wrapped.train()
