@@ -113,6 +113,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self._record.configure(options, self._settings.on_cuda)
         self._run = RunState()
         self.padding_stats = {"kept_tokens": 0, "total_tokens": 0}
+        self._step_seed: list[int] | None = None  # [seed, step, forwards since] (seed_steps)
         self._set_ort(ort_module)
         self._ort.train(module.training)
         weakref.finalize(self, release_kernel_buffers).atexit = False
@@ -163,6 +164,10 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         try:
             if self.training and not run.checked:
                 self._first_training_step(args, kwargs)
+            if self.training and self._step_seed is not None:
+                seed, step, forwards = self._step_seed
+                self.reseed(seed * 1_000_003 + step * 1_009 + forwards)
+                self._step_seed[2] += 1
             with self._trainable_check():
                 output = self._run_ort(args, kwargs)
         except Exception as exc:
@@ -315,6 +320,15 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self._set_ort(None)
         release_kernel_buffers()
         release_freed_memory()
+
+    def seed_steps(self, seed: int, step: int) -> None:
+        """Seed the graph's random generators before each following training forward from ``(seed,
+        step, n)``, ``n`` counting the forwards since this call: dropout masks are then a function of
+        the optimizer step and the micro-batch, and a run resumed at ``step`` draws the masks an
+        uninterrupted run drew. ``ORTTrainer`` calls it at every optimizer step, whatever
+        ``compute_loss`` or ``training_step`` its subclass runs; a ``wrap_model`` user calls it before
+        each step. Without it the masks come from one process-wide stream (:meth:`reseed`)."""
+        self._step_seed = [int(seed), int(step), 0]
 
     def reseed(self, seed: int) -> None:
         """Seed the random generators of the ORT graph: ORT's own and that of ort_hf's CPU dropout

@@ -26,6 +26,7 @@ from ..module_with_loss.module_with_loss import CROSS_ENTROPY, LossInPyTorch
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      last_complete_checkpoint, unfinished_checkpoint_guard)
 from .deepspeed import prepare_deepspeed
+from .step_seed import StepSeedCallback
 from .neftune import use_exportable_neftune
 from .first_step import record_memory_plans, why_no_label_sparsity
 from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of, head_rows_report
@@ -57,11 +58,12 @@ class ORTTrainerMixin:
         self._ort_new_train_call = False  # the next _wrap_model starts a train() call (not a retry)
         self._loss_module: ModuleWithLoss | None = None  # inside the engine module when use_module_with_loss
         self._label_sparsity_checked = False
-        self._seeded_step, self._micro_step = -1, 0
         self._fused_head = fused_head_of(self.model, self.args)  # TRL's fused LM head (SFTTrainer, DPOTrainer...)
         self._add_default_callbacks()
 
     def _add_default_callbacks(self) -> None:
+        if self.args.use_ort:
+            self.add_callback(StepSeedCallback(self))
         present = {type(cb) for cb in self.callback_handler.callbacks}
         if self.args.ort_density_callback and InputDensityCallback not in present:
             self.add_callback(InputDensityCallback(print_every=self.args.ort_density_print_every))
@@ -243,7 +245,6 @@ class ORTTrainerMixin:
         check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         if not self._label_sparsity_checked:
             self._place_loss(inputs, num_items_in_batch)  # before the first forward: it decides what ORT exports
-        self._reseed_ort()
         try:
             loss = self._compute_loss_through_engine(model, inputs, num_items_in_batch)
         except RuntimeError as exc:
@@ -306,14 +307,6 @@ class ORTTrainerMixin:
                             100 * density)
         self._pending_ort_logs["ort/loss_in_graph"] = float(module.loss_in_graph)
         self._pending_ort_logs["ort/model_loss"] = float(module.loss_kind != CROSS_ENTROPY)
-
-    def _reseed_ort(self) -> None:
-        # One seed per micro-step from (seed, global step, micro-step): dropout masks in the ORT
-        # graph then survive a resume, which restores torch's RNG but cannot restore ORT's.
-        step = self.state.global_step
-        self._micro_step = self._micro_step + 1 if step == self._seeded_step else 0
-        self._seeded_step = step
-        self._ort_engine_module.reseed(self.args.seed * 1_000_003 + step * 1_009 + self._micro_step)
 
     def _report_first_step(self, labels: torch.Tensor | None) -> None:
         self._label_sparsity_checked = True
