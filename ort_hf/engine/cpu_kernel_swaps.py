@@ -1,5 +1,5 @@
 """ORT 1.19.2's CPU training kernels swapped, in the built training graph, for faster ones
-computing the same values.
+computing the same values, or (``ConvGrad``) for a form of the same kernel that is correct.
 
 The rewrite runs through ORT's own hook for optimising the built training graph
 (``GraphOptimizerRegistry``: after the gradient graph, label sparsity and ORT's fusions), on CPU
@@ -27,6 +27,15 @@ graphs only. A node it cannot translate exactly is left to ORT.
   (``csrc/cpu_embedding_grad.cpp``, where the cost is explained) writes the same sums into a
   buffer it keeps once the previous step's gradient has been released. It falls back to
   ``aten::embedding_backward`` for anything but a dense float32 gradient.
+- ``ConvGrad`` of a grouped convolution whose kernel is not 2-D writes past the end of its ``dX``
+  output: before each group's col2im it zeroes a whole image (``C * input_image_size``
+  elements, conv_grad.cc's ``Col2imNdPar`` call) from that group's offset, so the last image's
+  groups zero up to ``(group - 1) / group`` of an image beyond the buffer, into whatever ORT
+  placed there: other gradients, stashed activations, the heap's own records (wrong gradients,
+  non-finite losses, ``malloc`` aborts). Its 2-D path clears one group's channels only. A 1-D
+  ``ConvGrad`` (depthwise ``Conv1d``: ConvBERT, SqueezeBERT, wav2vec2's positional convolution)
+  becomes the 2-D one over ``[N, C, 1, L]``, its inputs unsqueezed and its gradients squeezed
+  back; a grouped 3-D one is refused (no exact 2-D form), failing the build instead of memory.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ class _Context:
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
+        self._axis_name: str | None = None
 
     def ratio(self, value: float) -> str:
         """A float32 scalar constant holding ``value`` (ATen's ``float`` argument)."""
@@ -83,6 +93,14 @@ class _Context:
                 name, TensorProto.FLOAT, [], [value])))
             self._ratio_names[value] = name
         return self._ratio_names[value]
+
+    def spatial_axis(self) -> str:
+        """An int64 ``[2]`` constant: the axis a 1-D convolution's tensors gain to become 2-D."""
+        if self._axis_name is None:
+            name = self._axis_name = "ort_hf/conv_grad_axis"
+            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                                   value=helper.make_tensor(name, TensorProto.INT64, [1], [2])))
+        return self._axis_name
 
 
 def _cross_entropy(node, attrs: dict, ctx: _Context) -> list | None:
@@ -185,9 +203,53 @@ def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
     return [swapped]
 
 
+def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    group = attrs.get("group", 1)
+    if group == 1 or not node.output or not node.output[0]:
+        return None  # one group clears the whole image, which is all of it; without dX, no col2im
+    spatial = _conv_rank(attrs)
+    if spatial == 2:
+        return None
+    if spatial != 1:
+        raise NotImplementedError(
+            f"{_name(node)}: the gradient of a grouped convolution with a {spatial or 'unknown'}-D kernel runs on ORT "
+            "1.19.2's CPU ConvGrad, which writes past its output (engine/cpu_kernel_swaps.py); train this model "
+            "with PyTorch (ort_fallback='auto' does it) or without groups.")
+    axis, prefix = ctx.spatial_axis(), _name(node)
+    nodes = []
+    inputs = []
+    for i, name in enumerate(node.input[:3]):
+        inputs.append(f"{prefix}/2d_input_{i}")
+        nodes.append(helper.make_node("Unsqueeze", [name, axis], [inputs[-1]], name=f"{prefix}/Unsqueeze_{i}"))
+    outputs = list(node.output)
+    squeezed = [(i, name) for i, name in enumerate(outputs[:2]) if name]  # dX, dW; dB is [M] in both forms
+    for i, name in squeezed:
+        outputs[i] = f"{prefix}/2d_output_{i}"
+    conv_attrs = {k: v for k, v in attrs.items() if k not in ("kernel_shape", "strides", "dilations", "pads")}
+    for key, default in (("kernel_shape", None), ("strides", 1), ("dilations", 1)):
+        if key in attrs or default is not None:
+            conv_attrs[key] = [1, *attrs.get(key, [default])]
+    if "pads" in attrs:
+        begin, end = attrs["pads"]
+        conv_attrs["pads"] = [0, begin, 0, end]
+    conv_attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in conv_attrs.items()}
+    nodes.append(helper.make_node("ConvGrad", inputs, outputs, name=f"{prefix}/2d", domain=_MS, **conv_attrs))
+    nodes += [helper.make_node("Squeeze", [outputs[i], axis], [name], name=f"{prefix}/Squeeze_{i}")
+              for i, name in squeezed]
+    return nodes
+
+
+def _conv_rank(attrs: dict) -> int | None:
+    """The number of spatial axes of a ConvGrad, from whichever attribute states it."""
+    for key, per_axis in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("pads", 2)):
+        if key in attrs:
+            return len(attrs[key]) // per_axis
+    return None
+
+
 _SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("BiasGeluGrad_dX", _MS): _bias_gelu_grad,
           ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad,
-          ("ATen", _ATEN): _embedding_grad}
+          ("ATen", _ATEN): _embedding_grad, ("ConvGrad", _MS): _conv_grad}
 
 
 def swap_kernels(graph: GraphProto) -> dict[str, int]:

@@ -61,6 +61,36 @@ def test_buffer_is_reused_only_when_released_and_comes_back_zeroed():
     assert torch.equal(last, _aten(first_grad, indices))
 
 
+def _edge(rows, index, dim=DIM, padding_idx=-1):
+    indices = torch.tensor(index, dtype=torch.long)
+    grad = torch.randn(*indices.shape, dim, generator=torch.Generator().manual_seed(9))
+    return grad, indices, rows, padding_idx
+
+
+# What aten::embedding_backward accepts beyond the usual: no rows to gather from (padding
+# elimination's row gathers), no indices, indices outside [0, rows) (they add nothing there: each
+# of torch's threads adds only the indices of its own range of rows), no embedding width.
+EDGES = {
+    "no rows, no indices": _edge(0, []),
+    "no rows, an index": _edge(0, [0]),
+    "no rows, indices in a batch": _edge(0, [[0, 0], [1, 0]]),
+    "rows, no indices": _edge(5, [[], []]),
+    "indices past the rows": _edge(5, [1, 5, 9, 1]),
+    "negative indices": _edge(5, [-1, 2, -5]),
+    "padding_idx past the rows": _edge(5, [1, 7, 2], padding_idx=7),
+    "no width": _edge(5, [1, 2, 1], dim=0),
+    "one index, no batch": _edge(5, 3),
+}
+
+
+@pytest.mark.parametrize("case", EDGES)
+def test_edge_inputs_give_atens_result(case):
+    grad, indices, rows, padding_idx = EDGES[case]
+    want = torch.ops.aten.embedding_backward(grad, indices, rows, padding_idx, False, False)
+    got = torch.ops.ort_hf.embedding_dense_grad(grad, indices, rows, padding_idx, False, False)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
 def test_what_it_does_not_handle_is_atens():
     grad, indices = _inputs(3)
     assert torch.equal(_ours(grad, indices, scale=True), _aten(grad, indices, scale=True))
@@ -69,16 +99,16 @@ def test_what_it_does_not_handle_is_atens():
     assert _ours(grad, indices, sparse=True).is_sparse
 
 
-def _model():
+def _model(rows=ROWS):
     consts = [helper.make_tensor(name, TensorProto.INT64, [], [value]) for name, value in
-              (("num_weights", ROWS), ("padding_idx", PAD))]
+              (("num_weights", rows), ("padding_idx", PAD))]
     consts += [helper.make_tensor(name, TensorProto.BOOL, [], [False]) for name in ("scale", "sparse")]
     node = helper.make_node("ATen", ["grad", "indices", "num_weights", "padding_idx", "scale", "sparse"], ["weight_grad"],
                             name="emb_grad", domain="org.pytorch.aten", operator="embedding_backward", overload_name="")
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
                       helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9])],
-        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [ROWS, DIM])], consts)
+        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [rows, DIM])], consts)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16),
                                                    helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
 
@@ -95,6 +125,18 @@ def test_swapped_node_computes_atens_values_in_a_session():
         grad, indices = _inputs(seed)
         (got,) = session.run(None, {"grad": grad.numpy(), "indices": indices.numpy()})
         np.testing.assert_array_equal(got, _aten(grad, indices).numpy())
+
+
+def test_a_table_without_rows_gives_atens_empty_gradient_in_a_session():
+    import onnxruntime as ort
+
+    model = _model(rows=0)
+    assert swap_kernels(model.graph) == {"ATen": 1}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    grad, indices = _inputs(10)
+    (got,) = session.run(None, {"grad": grad.numpy(), "indices": indices.numpy()})
+    want = torch.ops.aten.embedding_backward(grad, indices, 0, PAD, False, False)
+    assert got.shape == (0, DIM) and tuple(want.shape) == (0, DIM)
 
 
 def test_release_leaves_results_in_use_intact():

@@ -1,6 +1,7 @@
 """engine/cpu_kernel_swaps.py: ORT's cross-entropy node and its LogSoftmax + NLL replacement give
 the same loss and log-probabilities in an ORT session, for each reduction, with class weights
-and an ignored label; what it cannot translate exactly stays."""
+and an ignored label; what it cannot translate exactly stays. A grouped 1-D ConvGrad runs as the
+2-D one with torch's gradients; the ConvGrads ORT gets right stay, a grouped 3-D one is refused."""
 
 import numpy as np
 import pytest
@@ -88,3 +89,64 @@ def test_bias_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_no
 def test_a_bias_gelu_gradient_of_another_precision_stays_with_ort():
     model = _bias_gelu_grad_model(TensorProto.DOUBLE)
     assert swap_kernels(model.graph) == {}
+
+
+def _conv_grad_model(spatial: list[int], kernel: list[int], group: int, channels=8, outputs=("dx", "dw"), **attrs):
+    """ORT's ConvGrad for a convolution of ``channels`` channels in ``group`` groups (as many out)."""
+    x_shape, w_shape = [2, channels, *spatial], [channels, channels // group, *kernel]
+    node = helper.make_node("ConvGrad", ["dy", "x", "w"], list(outputs), domain="com.microsoft", name="conv_grad",
+                            kernel_shape=kernel, group=group, **attrs)
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("dy", "x", "w")]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                    for o in outputs if o])
+    opsets = [helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8), x_shape, w_shape
+
+
+@pytest.mark.parametrize("group,attrs,bias", [
+    (8, dict(pads=[4, 4]), False),  # depthwise, "same" length: ConvBERT's SeparableConv1D
+    (4, dict(pads=[1, 2], strides=[2], dilations=[2]), True),
+    (2, dict(), True),
+], ids=["depthwise", "strided-dilated-with-bias", "unpadded"])
+def test_grouped_1d_conv_gradient_runs_as_2d_with_torchs_values(group, attrs, bias):
+    # ORT's 1-D ConvGrad with groups writes past its dX output (cpu_kernel_swaps' docstring); the
+    # 2-D form over [N, C, 1, L] clears only its own group's channels.
+    import torch
+
+    outputs = ("dx", "dw", "db") if bias else ("dx", "dw")
+    model, x_shape, w_shape = _conv_grad_model([13], [9 if group == 8 else 3], group, outputs=outputs, **attrs)
+    assert swap_kernels(model.graph) == {"ConvGrad": 1}
+    assert [n.op_type for n in model.graph.node] == ["Constant", *["Unsqueeze"] * 3, "ConvGrad", "Squeeze", "Squeeze"]
+    assert [len(a.ints) for n in model.graph.node if n.op_type == "ConvGrad" for a in n.attribute
+            if a.name == "kernel_shape"] == [2]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g, requires_grad=True)
+    w = torch.randn(w_shape, generator=g, requires_grad=True)
+    b = torch.zeros(w_shape[0], requires_grad=True)
+    pads = attrs.get("pads", [0, 0])
+    x_in = torch.nn.functional.pad(x, pads)  # torch's conv1d pads both ends alike; ONNX's need not
+    y = torch.nn.functional.conv1d(x_in, w, b, stride=attrs.get("strides", [1])[0],
+                                   dilation=attrs.get("dilations", [1])[0], groups=group)
+    dy = torch.randn(y.shape, generator=g)
+    y.backward(dy)
+    got = _run(model, {"dy": dy.numpy(), "x": x.detach().numpy(), "w": w.detach().numpy()})
+    for value, want in zip(got, (x.grad, w.grad, b.grad)):
+        np.testing.assert_allclose(value, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spatial,kernel,group", [([13], [3], 1), ([5, 6], [3, 3], 4)],
+                         ids=["ungrouped-1d", "grouped-2d"])
+def test_conv_gradients_ort_computes_right_stay_with_ort(spatial, kernel, group):
+    model, _, _ = _conv_grad_model(spatial, kernel, group)
+    assert swap_kernels(model.graph) == {}
+
+
+def test_a_grouped_1d_conv_gradient_without_dx_stays_with_ort():
+    model, _, _ = _conv_grad_model([13], [3], 8, outputs=("", "dw"))
+    assert swap_kernels(model.graph) == {}
+
+
+def test_a_grouped_3d_conv_gradient_is_refused():
+    model, _, _ = _conv_grad_model([3, 4, 5], [1, 3, 3], 8)
+    with pytest.raises(NotImplementedError, match="3-D kernel"):
+        swap_kernels(model.graph)

@@ -8,7 +8,10 @@
 // a buffer kept from an earlier call when nothing holds that buffer any more (the gradient it
 // carried was released, e.g. by zero_grad(set_to_none=True)); otherwise it takes a new one. The
 // sums are torch's: rows in index order, padding_idx's row left at zero, the same additions in
-// the same order as embedding_dense_backward_cpu.
+// the same order as embedding_dense_backward_cpu. Like it, an index outside [0, num_weights)
+// adds nothing and is no error (torch splits the rows [0, num_weights) among its threads and
+// each adds the indices inside its range only), and no rows or no indices give zeros: the
+// swap takes every embedding_backward node, padding elimination's row gathers included.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -31,6 +34,9 @@ std::vector<at::Tensor> g_kept;
 bool unused(const at::Tensor& kept) { return kept.storage().use_count() == 1; }
 
 at::Tensor zeroed_buffer(int64_t rows, int64_t dim, const at::TensorOptions& options) {
+  if (rows == 0 || dim == 0) {
+    return at::zeros({rows, dim}, options);  // nothing to reuse; keeps no slot
+  }
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const auto& kept : g_kept) {
     if (kept.size(0) == rows && kept.size(1) == dim && kept.scalar_type() == options.dtype() && unused(kept)) {
@@ -67,8 +73,7 @@ at::Tensor embedding_dense_grad(const at::Tensor& grad, const at::Tensor& indice
   float* dst = out.data_ptr<float>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const int64_t k = index[i];
-    TORCH_CHECK(k >= 0 && k < num_weights, "embedding index ", k, " out of range [0, ", num_weights, ")");
-    if (k == padding_idx) {
+    if (k == padding_idx || k < 0 || k >= num_weights) {
       continue;
     }
     float* row = dst + k * dim;
