@@ -80,6 +80,7 @@ class _Context:
         self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if _dropout_kernels_wanted() else {}
         self.mask_ratios = dict(self.dropout_masks.values())
         self.own_embedding_grad = _own_kernel("embedding_dense_grad")
+        self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -193,8 +194,24 @@ def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
                              domain=_ATEN, operator="gelu_backward", overload_name="")]
 
 
+def _weight_lookups(graph: GraphProto) -> set[str]:
+    """The indices of the graph's ATen ``embedding`` lookups into a weight (a graph input or
+    initializer, not a tensor the graph computes).
+
+    Only their gradients go to ort_hf's kernel: its buffers pay off for a table whose size never
+    changes. Padding elimination's row gathers are ATen embeddings too, into activations whose row
+    count changes every batch; kept buffers for those would be evicted and re-faulted in turn, the
+    vocabulary-sized one with them."""
+    produced = {out for node in graph.node for out in node.output}
+    return {node.input[1] for node in graph.node
+            if node.op_type == "ATen" and node.domain == _ATEN and len(node.input) > 1
+            and any(a.name == "operator" and a.s == b"embedding" for a in node.attribute)
+            and node.input[0] not in produced}
+
+
 def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
-    if attrs.get("operator") != b"embedding_backward" or not ctx.own_embedding_grad:
+    if (attrs.get("operator") != b"embedding_backward" or not ctx.own_embedding_grad
+            or node.input[1] not in ctx.weight_lookups):
         return None
     swapped = helper.make_node("ATen", list(node.input), list(node.output), name=f"{_name(node)}/ort_hf_embedding_grad",
                                domain=_ATEN, operator="ort_hf::embedding_dense_grad", overload_name="")

@@ -99,16 +99,24 @@ def test_what_it_does_not_handle_is_atens():
     assert _ours(grad, indices, sparse=True).is_sparse
 
 
-def _model(rows=ROWS):
+def _model(rows=ROWS, table="weight"):
+    """The embedding's lookup and its gradient, as ORT's training graph holds them: the table is the
+    graph input ``weight`` (a parameter), or with ``table="activation"`` a tensor the graph computes
+    (as padding elimination's row gathers look up)."""
     consts = [helper.make_tensor(name, TensorProto.INT64, [], [value]) for name, value in
               (("num_weights", rows), ("padding_idx", PAD))]
     consts += [helper.make_tensor(name, TensorProto.BOOL, [], [False]) for name in ("scale", "sparse")]
+    lookup = [helper.make_node("Identity", ["weight"], ["activation"])] if table == "activation" else []
+    lookup.append(helper.make_node("ATen", [table, "indices", "padding_idx", "scale", "sparse"], ["rows"], name="emb",
+                                   domain="org.pytorch.aten", operator="embedding", overload_name=""))
     node = helper.make_node("ATen", ["grad", "indices", "num_weights", "padding_idx", "scale", "sparse"], ["weight_grad"],
                             name="emb_grad", domain="org.pytorch.aten", operator="embedding_backward", overload_name="")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
-                      helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9])],
-        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [rows, DIM])], consts)
+        [*lookup, node], "g", [helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9]),
+                               helper.make_tensor_value_info("weight", TensorProto.FLOAT, [ROWS, DIM])],
+        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [rows, DIM]),
+         helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 9, DIM])], consts)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16),
                                                    helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
 
@@ -118,12 +126,13 @@ def test_swapped_node_computes_atens_values_in_a_session():
 
     model = _model()
     assert swap_kernels(model.graph) == {"ATen": 1}
-    operator = {a.name: a.s for a in model.graph.node[0].attribute}["operator"]
+    operator = {a.name: a.s for a in model.graph.node[-1].attribute}["operator"]
     assert operator == b"ort_hf::embedding_dense_grad"
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    weight = np.zeros((ROWS, DIM), np.float32)
     for seed in (4, 5, 6):  # later calls may write into the first call's buffer
         grad, indices = _inputs(seed)
-        (got,) = session.run(None, {"grad": grad.numpy(), "indices": indices.numpy()})
+        got = session.run(["weight_grad"], {"grad": grad.numpy(), "indices": indices.numpy(), "weight": weight})[0]
         np.testing.assert_array_equal(got, _aten(grad, indices).numpy())
 
 
@@ -134,9 +143,18 @@ def test_a_table_without_rows_gives_atens_empty_gradient_in_a_session():
     assert swap_kernels(model.graph) == {"ATen": 1}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     grad, indices = _inputs(10)
-    (got,) = session.run(None, {"grad": grad.numpy(), "indices": indices.numpy()})
+    got = session.run(["weight_grad"], {"grad": grad.numpy(), "indices": indices.numpy(),
+                                        "weight": np.zeros((ROWS, DIM), np.float32)})[0]
     want = torch.ops.aten.embedding_backward(grad, indices, 0, PAD, False, False)
     assert got.shape == (0, DIM) and tuple(want.shape) == (0, DIM)
+
+
+def test_lookups_into_activations_keep_atens_kernel():
+    # Padding elimination's row gathers: a table whose row count changes every batch gains nothing
+    # from a kept buffer, and its buffers would evict the vocabulary-sized one.
+    model = _model(table="activation")
+    assert swap_kernels(model.graph) == {}
+    assert {a.name: a.s for a in model.graph.node[-1].attribute}["operator"] == b"embedding_backward"
 
 
 def test_release_leaves_results_in_use_intact():
