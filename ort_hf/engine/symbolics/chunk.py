@@ -1,4 +1,4 @@
-"""``prim::ConstantChunk`` (``Tensor.chunk`` with a constant count) as an ONNX ``Split`` whose output shapes ONNX can infer.
+"""``prim::ConstantChunk`` (``Tensor.chunk``) as an ONNX ``Split`` whose output shapes ONNX can infer.
 
 ORTModule 1.19.2 registers its own symbolic for it (one ``Split`` instead of torch's ``Slice`` per
 chunk, for a single ``SplitGrad`` in backward) and computes the split sizes at run time from
@@ -12,8 +12,8 @@ next batch of another length failed in ORT (``Reshape``: 56x96 cannot be 4x12x96
 
 Here a chunked axis of known size is split by constant sizes (torch's rule: ``ceil(n / chunks)``
 each, the rest last), so ONNX infers every output's shape, dynamic axes kept. An axis of unknown
-size keeps ORT's run-time sizes, and its outputs are typed with that axis unknown instead of the
-traced sizes.
+size (chunking the sequence) keeps ORT's run-time sizes: there ONNX gives the outputs that axis
+unknown and the others from the input, which is right (``tests/engine/test_length_check.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,4 @@ def constant_chunk(g, self, chunks, dim):
     step = g.op("Div", g.op("Add", length, const(g, [chunks - 1], torch.int64)), const(g, [chunks], torch.int64))
     rest = g.op("Sub", length, g.op("Mul", step, const(g, [outputs - 1], torch.int64)))
     sizes = g.op("Concat", g.op("Expand", step, const(g, [outputs - 1], torch.int64)), rest, axis_i=0)
-    parts = g.op("Split", self, sizes, axis_i=dim, outputs=outputs)
-    input_sizes = symbolic_helper._get_tensor_sizes(self)
-    if input_sizes is not None and axis >= 0:
-        # Typed here, or the exporter types them with the traced sizes (see the module docstring).
-        for part in parts:
-            part.setType(self.type().with_sizes([None if i == axis else s for i, s in enumerate(input_sizes)]))
-    return list(parts)
+    return g.op("Split", self, sizes, axis_i=dim, outputs=outputs)

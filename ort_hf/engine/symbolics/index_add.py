@@ -34,8 +34,13 @@ def index_add(g, self, dim, index, source, alpha=None):
         dim += rank
     for _ in range(rank - source_rank):  # a lower-rank source, as torch's symbolic allows
         source = symbolic_helper._unsqueeze_helper(g, source, [symbolic_helper._get_tensor_rank(source)])
-    if not symbolic_helper._is_none(alpha) and symbolic_helper._maybe_get_const(alpha, "f") != 1:
-        source = g.op("Mul", source, g.op("CastLike", alpha, source))
+    source_type = _type_utils.JitScalarType.from_value(source, _type_utils.JitScalarType.FLOAT)
+    if not symbolic_helper._is_none(alpha):
+        scale = symbolic_helper._maybe_get_const(alpha, "f")
+        if not isinstance(scale, (int, float)):  # a tensor: Cast, not CastLike (ORT has no CastLike gradient)
+            source = g.op("Mul", source, g.op("Cast", alpha, to_i=source_type.onnx_type()))
+        elif scale != 1:
+            source = g.op("Mul", source, const(g, scale, source_type.dtype()))
     # index (1-D, along dim) broadcast to source's shape: [1, .., -1 at dim, .., 1], then Expand
     along = [1] * rank
     along[dim] = -1
