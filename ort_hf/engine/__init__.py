@@ -25,6 +25,7 @@ _LAZY = {
     "CudaSetup": "cuda",
     "cuda_setup": "cuda",
     "gpu_arch_note": "cuda",
+    "find_length_constants": "length_check",
 }
 
 __all__ = [

@@ -36,6 +36,12 @@ graphs only. A node it cannot translate exactly is left to ORT.
   ``ConvGrad`` (depthwise ``Conv1d``: ConvBERT, SqueezeBERT, wav2vec2's positional convolution)
   becomes the 2-D one over ``[N, C, 1, L]``, its inputs unsqueezed and its gradients squeezed
   back; a grouped 3-D one is refused (no exact 2-D form), failing the build instead of memory.
+- ``Gemm`` without a ``C`` input (what ORT's gradient of a 2-D ``MatMul`` emits: a weight's gradient
+  ``X^T dY``, summed over the rows) fails on CPU when that sum is over no rows
+  (``gemm_helper.h:59 ... K_ > 0``), where torch returns zeros: a mixture-of-experts layer whose
+  expert got no token in the batch (JetMoE) stops training. ``FusedMatMul`` runs the same MLAS
+  sgemm (bit-equal outputs, the same time on 2k-4k x 256-3072 operands) and returns zeros for an
+  empty sum. Only float32.
 """
 
 from __future__ import annotations
@@ -262,11 +268,19 @@ def _conv_rank(attrs: dict) -> int | None:
         if key in attrs:
             return len(attrs[key]) // per_axis
     return None
+def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
+    if len([name for name in node.input if name]) != 2 or TensorProto.FLOAT not in (
+            ctx.types.get(node.input[0]), ctx.types.get(node.input[1])):
+        return None
+    return [helper.make_node("FusedMatMul", list(node.input[:2]), list(node.output), name=f"{_name(node)}/FusedMatMul",
+                             domain=_MS, alpha=float(attrs.get("alpha", 1.0)), transA=int(attrs.get("transA", 0)),
+                             transB=int(attrs.get("transB", 0)))]
 
 
 _SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("BiasGeluGrad_dX", _MS): _bias_gelu_grad,
           ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad,
-          ("ATen", _ATEN): _embedding_grad, ("ConvGrad", _MS): _conv_grad}
+          ("ATen", _ATEN): _embedding_grad, ("ConvGrad", _MS): _conv_grad, ("Gemm", ""): _gemm,
+          ("Gemm", "ai.onnx"): _gemm}
 
 
 def swap_kernels(graph: GraphProto) -> dict[str, int]:

@@ -26,6 +26,7 @@ from .precision import check_precision
 from .preflight import run_preflight
 from .proven import model_class_name, padding_rewrites_proven, proven_exact
 from .runtime import EngineState, ensure_engine, register_symbolics
+from .trace_fixes import apply_trace_fixes
 from .session_inspection import TrainingSessionInspection
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
 
@@ -371,4 +372,5 @@ def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTraini
     options = options or ORTOptions()
     state = ensure_engine()
     register_symbolics(state, options.opset_version)
+    apply_trace_fixes(model)  # before ORT's first (and only) trace
     return ORTTrainingModule(model, build_ort_module(model, options, state), options, state)

@@ -1,7 +1,8 @@
 """engine/cpu_kernel_swaps.py: ORT's cross-entropy node and its LogSoftmax + NLL replacement give
 the same loss and log-probabilities in an ORT session, for each reduction, with class weights
 and an ignored label; what it cannot translate exactly stays. A grouped 1-D ConvGrad runs as the
-2-D one with torch's gradients; the ConvGrads ORT gets right stay, a grouped 3-D one is refused."""
+2-D one with torch's gradients; the ConvGrads ORT gets right stay, a grouped 3-D one is refused.
+ORT's Gemm becomes FusedMatMul, which sums over no rows."""
 
 import numpy as np
 import pytest
@@ -150,3 +151,37 @@ def test_a_grouped_3d_conv_gradient_is_refused():
     model, _, _ = _conv_grad_model([3, 4, 5], [1, 3, 3], 8)
     with pytest.raises(NotImplementedError, match="3-D kernel"):
         swap_kernels(model.graph)
+
+
+def _gemm_model(with_c: bool = False):
+    # what ORT's gradient of a 2-D MatMul emits for a weight: X^T dY, summed over a dynamic count of rows
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 5]),
+              helper.make_tensor_value_info("dy", TensorProto.FLOAT, ["rows", 3])]
+    if with_c:
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [5, 3]))
+    node = helper.make_node("Gemm", ["x", "dy"] + (["c"] if with_c else []), ["dw"], name="gemm", transA=1, alpha=0.5)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dw", TensorProto.FLOAT, [5, 3])])
+    opsets = [helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("rows", [7, 0])
+def test_a_gemm_sums_over_no_rows_once_swapped(rows):
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((rows, 5)).astype(np.float32),
+             "dy": rng.standard_normal((rows, 3)).astype(np.float32)}
+    model = _gemm_model()
+    if rows:
+        expected = _run(model, feeds)[0]
+    else:  # ORT's own Gemm refuses it (gemm_helper.h: K_ > 0): an expert that got no token stopped training
+        with pytest.raises(Exception, match="K_ > 0"):
+            _run(model, feeds)
+        expected = np.zeros((5, 3), np.float32)  # what torch computes
+    assert swap_kernels(model.graph) == {"Gemm": 1}
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [("FusedMatMul", "com.microsoft")]
+    np.testing.assert_array_equal(_run(model, feeds)[0], expected)  # the same MLAS sgemm: bit-equal
+
+
+def test_a_gemm_with_c_stays_with_ort():
+    model = _gemm_model(with_c=True)
+    assert swap_kernels(model.graph) == {}

@@ -12,7 +12,10 @@ calls once per ONNX opset before the first export:
 - :mod:`.packed_sequences`: ``aten::diff`` and ``aten::cumsum``;
 - :mod:`.gradient_builder_fixes`: ``aten::where``, ``aten::layer_norm``, and (training exports
   only) ``aten::logsumexp``;
-- :mod:`.bias_gelu`: ``aten::gelu`` (training exports only).
+- :mod:`.index_add`: ``aten::index_add``, which torch's symbolic gets wrong for repeated indices;
+- :mod:`.bias_gelu`: ``aten::gelu`` (training exports only);
+- :mod:`.chunk`: ``prim::ConstantChunk`` (training exports only), in place of ORT's, whose outputs
+  carried the first batch's shapes into the graph.
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -30,7 +33,9 @@ import torch
 
 from .attention import sdpa
 from .bias_gelu import gelu
+from .chunk import constant_chunk
 from .gradient_builder_fixes import layer_norm, logsumexp, where
+from .index_add import index_add
 from .packed_sequences import cumsum, diff
 
 _DONE: set[int] = set()
@@ -42,12 +47,14 @@ SYMBOLICS = {
     "aten::cumsum": cumsum,
     "aten::where": where,
     "aten::layer_norm": layer_norm,
+    "aten::index_add": index_add,
 }
 # Entered into ORT's table only: ORTModule registers it for its own export's opset on
 # construction, so plain torch.onnx exports (inference) keep torch's symbolic.
 TRAINING_ONLY_SYMBOLICS = {
     "aten::gelu": gelu,
     "aten::logsumexp": logsumexp,
+    "prim::ConstantChunk": constant_chunk,  # replaces ORT's own entry
 }
 
 
