@@ -16,7 +16,9 @@ the last bin keeping its right edge (``bins`` becomes ``bins - 1``); other eleme
 counted. The one-hot of the bins is summed in int64 and cast to the input's dtype (what torch
 returns). ``numel x bins`` comparisons: nothing for the few experts of a router. Half and
 bfloat16 inputs are binned in float32 (torch rounds each step to the half type; ORT's CPU has
-no half arithmetic): an element within rounding of an inner edge may land one bin over.
+no half arithmetic): an element within rounding of an inner edge may land one bin over. Integer
+inputs (CUDA's histc takes them) are binned in float32 too, by the CPU formula (not checked
+against CUDA's kernel).
 
 Only constant ``bins``, ``min`` < ``max`` (what transformers passes); ``min == max`` (torch then
 takes the data's own range) is refused at export. It can go when torch's TorchScript exporter
