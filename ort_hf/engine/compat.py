@@ -275,6 +275,30 @@ def _bridge_padding_elimination() -> None:
     _patch(GEM, "_initialize_graph_builder", wrap)
 
 
+def _bridge_shape_inference_non_finite() -> None:
+    # ORT 1.19.2 bug: its symbolic shape inference (tools/symbolic_shape_infer.py) carries small
+    # constants along (Cast, Concat, Squeeze, ...) as shape data and converts each to a Python int
+    # (_get_int_or_float_values), so a constant infinity or NaN aborts the export with
+    # "OverflowError: cannot convert float infinity to integer". torch's scatter symbolic casts a
+    # scalar fill value (PhiMoE's router: torch.scatter(scores, -1, idx, float("-inf"))) to the
+    # tensor's type, which makes exactly such a Cast. A non-finite value never is a shape: nodes
+    # reading one get no shape data, as for any value it does not know. Can go with ORTModule.
+    import numpy as np
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    def wrap(original):
+        def get_int_or_float_values(self, node, broadcast=False, allow_float_values=False):
+            for i in range(len(node.input)):
+                value = self._try_get_value(node, i)
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
+                    return [None] * len(node.input)
+            return original(self, node, broadcast, allow_float_values)
+
+        return get_int_or_float_values
+
+    _patch(SymbolicShapeInference, "_get_int_or_float_values", wrap)
+
+
 @contextlib.contextmanager
 def recheck_trainable(training_manager):
     """Let ORT compare, on the forward run inside, which parameters require grad with the ones its
@@ -323,4 +347,5 @@ def apply_ort_bridges() -> None:
         _bridge_mem_efficient_grad_device()
         _bridge_frozen_parameters()
         _bridge_padding_elimination()
+        _bridge_shape_inference_non_finite()
         _ort_done = True

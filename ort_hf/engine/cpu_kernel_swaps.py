@@ -36,6 +36,9 @@ graphs only. A node it cannot translate exactly is left to ORT.
   ``ConvGrad`` (depthwise ``Conv1d``: ConvBERT, SqueezeBERT, wav2vec2's positional convolution)
   becomes the 2-D one over ``[N, C, 1, L]``, its inputs unsqueezed and its gradients squeezed
   back; a grouped 3-D one is refused (no exact 2-D form), failing the build instead of memory.
+  Any ``ConvGrad`` with a ``SAME_*`` ``auto_pad`` is refused too: the CPU kernel reads ``pads``
+  only, so its gradients would be those of an unpadded convolution. ort_hf's own export writes
+  explicit pads (``symbolics/conv_padding.py``); this catches a graph that reached ORT otherwise.
 - ``Gemm`` without a ``C`` input (what ORT's gradient of a 2-D ``MatMul`` emits: a weight's gradient
   ``X^T dY``, summed over the rows) fails on CPU when that sum is over no rows
   (``gemm_helper.h:59 ... K_ > 0``), where torch returns zeros: a mixture-of-experts layer whose
@@ -227,6 +230,11 @@ def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
 
 
 def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+        raise NotImplementedError(
+            f"{_name(node)}: ORT 1.19.2's CPU ConvGrad ignores auto_pad={attrs['auto_pad'].decode()} and would "
+            "compute an unpadded convolution's gradients; export the convolution with explicit pads "
+            "(ort_hf's _convolution_mode symbolic does) or train it with PyTorch (ort_fallback='auto')")
     group = attrs.get("group", 1)
     if group == 1 or not node.output or not node.output[0]:
         return None  # one group clears the whole image, which is all of it; without dX, no col2im

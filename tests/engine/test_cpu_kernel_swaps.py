@@ -147,6 +147,14 @@ def test_a_grouped_1d_conv_gradient_without_dx_stays_with_ort():
     assert swap_kernels(model.graph) == {}
 
 
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_a_conv_gradient_with_same_auto_pad_is_refused(auto_pad):
+    # ORT's CPU ConvGrad reads pads only: it would return the gradients of an unpadded convolution.
+    model, _, _ = _conv_grad_model([13], [3], 1, auto_pad=auto_pad)
+    with pytest.raises(NotImplementedError, match="ignores auto_pad"):
+        swap_kernels(model.graph)
+
+
 def test_a_grouped_3d_conv_gradient_is_refused():
     model, _, _ = _conv_grad_model([3, 4, 5], [1, 3, 3], 8)
     with pytest.raises(NotImplementedError, match="3-D kernel"):

@@ -15,9 +15,20 @@ calls once per ONNX opset before the first export:
 - :mod:`.index_add`: ``aten::index_add``, which torch's symbolic gets wrong for repeated indices;
 - :mod:`.bias_gelu`: ``aten::gelu`` (training exports only);
 - :mod:`.chunk`: ``prim::ConstantChunk`` (training exports only), in place of ORT's, whose outputs
-  carried the first batch's shapes into the graph.
+  carried the first batch's shapes into the graph;
+- :mod:`.histc`: ``aten::histc`` (mixture-of-experts token counts);
+- :mod:`.rms_norm`: ``aten::rms_norm`` (``nn.RMSNorm``: ORT's ``SimplifiedLayerNormalization`` in
+  training exports, standard ONNX ops in others);
+- :mod:`.softplus`: ``aten::softplus`` (keeping torch's ``threshold``), and a gradient for ONNX
+  ``Softplus``, which ORT lacks;
+- :mod:`.conv_padding`: ``aten::_convolution_mode`` (``padding="same"`` as explicit pads, which
+  ORT's CPU ConvGrad reads);
+- :mod:`.grouped_mm`: ``aten::_grouped_mm`` (transformers' grouped experts; training exports
+  only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
+- :mod:`.random_draws`: ``aten::exponential`` and ``aten::uniform`` (PhiMoE's router noise;
+  training exports only: ORT ``ATen`` nodes drawing from torch's generator).
 
-ORTModule re-registers its own symbolic table (which has ``layer_norm``, and
+ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
 construction, which would put ORT's versions back over torch's registry. So the symbolics
 here are also entered into ORT's table (``CustomOpSymbolicRegistry.register``), provided
@@ -31,12 +42,18 @@ import threading
 
 import torch
 
+from . import grouped_mm as _grouped_mm
+from . import softplus as _softplus
 from .attention import sdpa
 from .bias_gelu import gelu
 from .chunk import constant_chunk
+from .conv_padding import convolution_mode
 from .gradient_builder_fixes import layer_norm, logsumexp, where
+from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
+from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
+from .rms_norm import rms_norm, rms_norm_onnx
 
 _DONE: set[int] = set()
 _LOCK = threading.Lock()
@@ -48,17 +65,30 @@ SYMBOLICS = {
     "aten::where": where,
     "aten::layer_norm": layer_norm,
     "aten::index_add": index_add,
+    "aten::histc": histc,
+    "aten::rms_norm": rms_norm_onnx,
+    "aten::softplus": _softplus.softplus,
+    "aten::_convolution_mode": convolution_mode,
 }
-# Entered into ORT's table only: ORTModule registers it for its own export's opset on
-# construction, so plain torch.onnx exports (inference) keep torch's symbolic.
+# Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
+# its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
+# symbolic, or SYMBOLICS' standard-ONNX one.
 TRAINING_ONLY_SYMBOLICS = {
     "aten::gelu": gelu,
     "aten::logsumexp": logsumexp,
     "prim::ConstantChunk": constant_chunk,  # replaces ORT's own entry
+    "aten::rms_norm": rms_norm,
+    "aten::_grouped_mm": _grouped_mm.grouped_mm,
+    "aten::exponential": exponential,
+    "aten::uniform": uniform,
 }
+# Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
+# (domain, op type[, ATen operator, overload name]) -> definition.
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
+_ORT_GRADIENTS = "onnxruntime.training.ortmodule._custom_gradient_registry"
 _ort_done = False
 
 
@@ -69,12 +99,16 @@ def _register_with_ort() -> bool:
     ``ORTMODULE_ATEN_SDPA_FALLBACK`` set, its SDPA) back over ours. Only done once ORTModule
     has been imported (importing it needs the compat bridges first).
     """
-    module = sys.modules.get(_ORT_REGISTRY)
-    if module is None:
+    module, gradients = sys.modules.get(_ORT_REGISTRY), sys.modules.get(_ORT_GRADIENTS)
+    if module is None or gradients is None:
         return False
     for name, fn in {**SYMBOLICS, **TRAINING_ONLY_SYMBOLICS}.items():
         domain, _, op = name.partition("::")
         module.CustomOpSymbolicRegistry.register(op, "" if domain == "aten" else domain, fn)
+    for (domain, op_type, *attributes), definition in GRADIENTS.items():
+        gradients.CustomGradientRegistry.register(domain, op_type, attributes, definition)
+    for (domain, op_type, *attributes), edges in STOP_GRADIENT_EDGES.items():
+        gradients.CustomGradientRegistry.register_custom_stop_gradient_edges(edges, domain, op_type, *attributes)
     return True
 
 
