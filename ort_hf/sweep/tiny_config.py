@@ -249,6 +249,10 @@ def tiny_config(model_type: str, task_needs: tuple[str, ...] = (), num_labels: i
         config.decoder_start_token_id = specials.by_name.get("bos", specials.by_name["pad"])
     if num_labels is not None:
         config.num_labels = num_labels
+    # transformers' generic token-classification head (GenericForTokenClassification) falls back to a
+    # dropout of 0.1 when the config names none: an unset rate is randomness too.
+    if getattr(config, "classifier_dropout", None) is None:
+        config.classifier_dropout = 0.0
     return config, specials
 
 
