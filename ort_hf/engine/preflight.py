@@ -69,9 +69,12 @@ def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_
         try:
             wrapped.train()
             worst = 0.0
+            start = buffer_values(module), torch.random.get_rng_state()
             for what, batch in batches:
                 mask = _token_mask(batch)
+                _restart(module, start)  # each pass from the same buffers (a forward may write them) and RNG
                 ref = _one_pass(module, args, batch, params, mask)
+                _restart(module, start)
                 if ref is None:  # PyTorch itself cannot run this copy: nothing to compare
                     continue
                 try:
@@ -87,6 +90,12 @@ def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_
             wrapped.release()
     lengths = " and ".join(what for what, _ in batches)
     return f"ORT matched PyTorch on {lengths} (gradient relative error {worst:.1e})"
+
+
+def _restart(module: nn.Module, start) -> None:
+    buffers, rng = start
+    restore_buffers(module, buffers)
+    torch.random.set_rng_state(rng)
 
 
 def _baked_length(what: str, exc: Exception) -> str:
@@ -230,10 +239,15 @@ def _max_positions(module: nn.Module) -> int | None:
     return min(limits) if limits else None
 
 
+# Float attributes (of modules and configs) whose name holds one of these are randomness in training:
+# dropout rates, layer drop, NEFTune's noise_alpha, MoE router jitter.
+_RANDOMNESS = ("dropout", "drop_prob", "_drop", "layerdrop", "noise", "jitter")
+
+
 @contextlib.contextmanager
 def _dropout_off(module: nn.Module):
-    """Every dropout of the model at 0 for the block: ``nn.Dropout`` modules, float attributes named
-    like a dropout rate (read by functional dropout in forward), and the config's rates."""
+    """Every source of training randomness at 0 for the block: ``nn.Dropout`` modules, and float
+    attributes named as in :data:`_RANDOMNESS` (read in forward) on modules and configs."""
     saved: list[tuple[object, str, object]] = []
     configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
     owners = [*module.modules(), *configs.values()]
@@ -242,8 +256,7 @@ def _dropout_off(module: nn.Module):
             saved.append((owner, "p", owner.p))
             owner.p = 0.0
         for key, value in list(vars(owner).items()):
-            if isinstance(value, float) and not isinstance(value, bool) and value > 0 and (
-                    "dropout" in key or "drop_prob" in key or key.endswith("_drop")):
+            if isinstance(value, float) and value > 0 and any(word in key for word in _RANDOMNESS):
                 saved.append((owner, key, value))
                 setattr(owner, key, 0.0)
     try:
