@@ -164,7 +164,8 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
         "or Trainer itself fails or gives a non-finite loss).",
         "",
         f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
-        f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together) as `exact`, and those whose "
+        f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together), and `default` parity (the "
+        "pre-flight passed at another length and row count), as `exact`, and those whose "
         f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `padding_rewrites`.",
         "",
         "Re-run: `make sweep` (every task and mode, two cases at a time, then this page), or e.g. "
@@ -195,14 +196,15 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
     exact, rewrites = set(), set()
     for records in results.values():
         for record in records.values():
-            raw = record["modes"].get("raw")
-            if engine_exact(raw):
+            raw, default = record["modes"].get("raw"), record["modes"].get("default")
+            if engine_exact(raw) and (default or {}).get("cell") == "parity":
                 exact.add(record["model_class"])
             if raw and raw["cell"] == "parity" and rewrites_exact(record["modes"].get("rewrites")):
                 rewrites.add(record["model_class"])
     return {
         "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
-                        f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}; "
+                        f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
+                        "default-mode (pre-flight) parity; "
                         f"padding_rewrites: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}.",
         "exact": sorted(exact),
         "padding_rewrites": sorted(rewrites),
