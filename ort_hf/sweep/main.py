@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         record = run_case(task, model_type, modes, args.timeout, logs / task / f"{model_type}.log", args.fork)
         record.update(tree=tree, versions=versions)
         with lock:
-            stored[task][model_type] = merge(None if args.redo else stored[task].get(model_type), record)
+            stored[task][model_type] = merge(stored[task].get(model_type), record)  # modes not run are kept
             write_results(results_path(out, task), stored[task])
             finished[0] += 1
             print(_progress(finished[0], len(todo), record), flush=True)
