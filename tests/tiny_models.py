@@ -199,3 +199,16 @@ def tiny_args(args_cls, output_dir, **overrides):
 
     strict = STRICT_ORT if issubclass(args_cls, ORTTrainingArguments) else {}
     return args_cls(output_dir=str(output_dir), **{**QUIET_RUN, "seed": 0, "logging_steps": 1, **strict, **overrides})
+
+
+def pad_right(rows: list[dict], token_labels: bool = True) -> dict:
+    """What DataCollatorWithPadding gives (each batch padded on the right with id 0 to its longest
+    row), with labels: the ids, -100 on the padding (``token_labels``), or each row's ``labels``."""
+    longest = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, :len(r["input_ids"])] = 1
+    labels = ids.masked_fill(mask == 0, -100) if token_labels else torch.tensor([r["labels"] for r in rows])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

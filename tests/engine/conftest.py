@@ -13,3 +13,14 @@ def aten_nodes_run():
     )
 
     load_aten_op_executor_cpp_extension()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """PyTorch on one intra-op thread for the test (the suite shares two cores with ORT's pool)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

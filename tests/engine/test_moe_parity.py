@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as tf
 from datasets import Dataset
-from tiny_models import VOCAB, tiny_args
+from tiny_models import VOCAB, pad_right, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
@@ -18,12 +18,7 @@ STEPS, BATCH = 4, 4
 LENGTHS = [16, 11, 7, 14, 9, 16, 5, 12, 13, 6, 16, 10, 8, 15, 4, 11]  # one row each; no batch of one length
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _mixtral():
@@ -44,15 +39,6 @@ def _data() -> Dataset:
     return Dataset.from_dict({"input_ids": rows})
 
 
-def _pad_right(rows):
-    width = max(len(r["input_ids"]) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, :len(row["input_ids"])] = torch.tensor(row["input_ids"])
-        mask[i, :len(row["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-
 
 def _train(tmp_path, ort: bool):
     model = _mixtral()
@@ -62,10 +48,10 @@ def _train(tmp_path, ort: bool):
                   train_sampling_strategy="sequential")
     if ort:
         args = tiny_args(ORTTrainingArguments, tmp_path / "ort", ort_intra_op_threads=1, **common)
-        trainer = ORTTrainer(model=model, args=args, train_dataset=_data(), data_collator=_pad_right)
+        trainer = ORTTrainer(model=model, args=args, train_dataset=_data(), data_collator=pad_right)
     else:
         args = tiny_args(TrainingArguments, tmp_path / "pt", **common)
-        trainer = Trainer(model=model, args=args, train_dataset=_data(), data_collator=_pad_right)
+        trainer = Trainer(model=model, args=args, train_dataset=_data(), data_collator=pad_right)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == STEPS

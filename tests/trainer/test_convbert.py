@@ -15,13 +15,17 @@ import math
 import torch
 import transformers as tf
 from datasets import Dataset
-from tiny_models import tiny_args
+from tiny_models import pad_right, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 # A large step makes a wrong gradient show in the loss within the run.
 VOCAB, ROWS, BATCH, STEPS, LR = 100, 64, 8, 8, 1.0
+
+
+def _pad_rows(rows):
+    return pad_right(rows, token_labels=False)
 
 
 def _model():
@@ -39,16 +43,6 @@ def _ragged(seed: int = 0) -> Dataset:
     return Dataset.from_dict({"input_ids": ids, "labels": torch.randint(0, 2, (ROWS,), generator=g).tolist()})
 
 
-def _pad_right(rows: list[dict]) -> dict:
-    """What DataCollatorWithPadding gives: each batch padded on the right (id 0) to its longest row."""
-    longest = max(len(r["input_ids"]) for r in rows)
-    ids = torch.zeros(len(rows), longest, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        mask[i, :len(r["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
-
 
 def _train(tmp_path, ort: bool):
     args = dict(max_steps=STEPS, per_device_train_batch_size=BATCH, optim="sgd", learning_rate=LR,
@@ -58,10 +52,10 @@ def _train(tmp_path, ort: bool):
         # padding positions), and the bug was there with ort_hf's padding rewrites off.
         args = tiny_args(ORTTrainingArguments, tmp_path / "ort", ort_trim_padding=False, ort_eliminate_padding=False,
                          **args)
-        trainer = ORTTrainer(model=_model(), args=args, train_dataset=_ragged(), data_collator=_pad_right)
+        trainer = ORTTrainer(model=_model(), args=args, train_dataset=_ragged(), data_collator=_pad_rows)
     else:
         trainer = Trainer(model=_model(), args=tiny_args(TrainingArguments, tmp_path / "pt", **args),
-                          train_dataset=_ragged(), data_collator=_pad_right)
+                          train_dataset=_ragged(), data_collator=_pad_rows)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return trainer, losses, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
