@@ -49,7 +49,7 @@ def preload() -> None:
         importlib.import_module(name)
     from transformers import Trainer  # noqa: F401  (transformers imports it lazily)
 
-    from ..engine.runtime import ensure_engine
+    from ..engine import ensure_engine
 
     ensure_engine()
 
