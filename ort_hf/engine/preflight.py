@@ -8,10 +8,11 @@ before the first optimizer step, and compares one forward and backward in each e
   output (at real positions only), so the check covers what a loss computed outside the graph reads;
 * every parameter's gradient of it, as one relative error.
 
-The longer copy appends padding columns (``attention_mask`` 0, labels -100) to every tensor laid out
-as the batch's tokens: a graph that baked the first batch's length into a constant (a ``Gather``
-whose indices go out of range, a wrong relative-position table) fails here instead of at step 2.
-Where the model's positions cannot grow, the copy is shorter instead.
+The longer copy appends copies of the first columns (real tokens, their labels) to every tensor
+laid out as the batch's tokens, and has one row fewer: a graph that baked the first batch's size
+into a constant (a ``Gather`` whose indices go out of range, a wrong relative-position table, a
+loop unrolled over the first batch's positions) fails here instead of mid-run. Where the model's
+positions cannot grow, the copy is shorter instead.
 
 A failure raises :class:`PreflightMismatch`; the wrapped model's fallback policy then decides, as
 for an export failure: PyTorch trains it (``fallback='auto'``, said before training) or the run
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 # relative on the sweep's models; a graph that computes something else is far outside both.
 LOSS_ATOL, LOSS_RTOL = 2e-5, 2e-5
 GRAD_RTOL = 1e-3
-# Padding columns appended for the second length (a quarter more, at least 3).
+# Columns appended for the second length (a quarter more, at least 3).
 _GROW_FRACTION, _GROW_MIN = 0.25, 3
 
 
@@ -183,7 +184,7 @@ def _token_mask(batch: dict) -> torch.Tensor | None:
 
 
 def _other_length(module: nn.Module, kwargs: dict, pad_token_id: int | None):
-    """A copy of the batch with padding columns appended, or a shorter cut where positions are capped."""
+    """A copy of the batch with columns appended (:func:`_grow`), or a shorter cut where positions are capped."""
     ids = kwargs.get("input_ids", kwargs.get("attention_mask"))
     if not torch.is_tensor(ids) or ids.dim() != 2:
         return None
@@ -220,16 +221,17 @@ def _tokenwise(value, batch: int, length: int) -> bool:
 
 
 def _grow(name: str, value, batch: int, length: int, grow: int, pad_token_id: int | None):
+    """``value`` with ``grow`` more columns: copies of its first columns (real tokens with their
+    labels), so the loss reads the new positions. Padding would not do: a causal or recurrent model
+    whose graph computes the first batch's positions only (a loop unrolled by the trace) gives the
+    same loss on added padding, and fails only on a shorter batch, mid-run."""
     if not _tokenwise(value, batch, length):
         return value
     if name == "position_ids":
         tail = value[:, -1:] + torch.arange(1, grow + 1, device=value.device, dtype=value.dtype)
         return torch.cat([value, tail], dim=1)
-    fill = {"labels": -100, "input_ids": pad_token_id or 0}.get(name, 0)
-    if "label" in name:
-        fill = -100
-    tail = torch.full((batch, grow, *value.shape[2:]), fill, dtype=value.dtype, device=value.device)
-    return torch.cat([value, tail], dim=1)
+    columns = torch.arange(grow, device=value.device) % length
+    return torch.cat([value, value.index_select(1, columns)], dim=1)
 
 
 def _max_positions(module: nn.Module) -> int | None:
