@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     saved = state / "reference.pt"
     if saved.is_file():
-        reference = torch.load(saved, weights_only=False)
+        reference = torch.load(saved, weights_only=True)  # tensors, dicts, lists and plain values only
     else:
         reference = run_reference(case, emit)
         if reference["record"]["status"] == "ok":
