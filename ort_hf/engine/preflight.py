@@ -56,12 +56,12 @@ class _Pass:
     grads: list[torch.Tensor | None]
 
 
-def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict, pad_token_id: int | None) -> str:
+def run_preflight(module: nn.Module, wrap, args: tuple, kwargs: dict) -> str:
     """Check ``wrap(module)`` (a fresh ORT training module, fallback disabled) against ``module`` in
     PyTorch on ``kwargs`` and a copy of another length. Returns a one-line summary; raises
     :class:`PreflightMismatch` naming the batch and what differed."""
     batches = [(_FIRST, kwargs)]
-    other = _other_length(module, kwargs, pad_token_id)
+    other = _other_length(module, kwargs)
     if other is not None:
         batches.append(_other_rows(*other, kwargs))
     params = [p for p in module.parameters() if p.requires_grad]
@@ -183,7 +183,7 @@ def _token_mask(batch: dict) -> torch.Tensor | None:
     return mask if torch.is_tensor(mask) and mask.dim() == 2 else None
 
 
-def _other_length(module: nn.Module, kwargs: dict, pad_token_id: int | None):
+def _other_length(module: nn.Module, kwargs: dict):
     """A copy of the batch with columns appended (:func:`_grow`), or a shorter cut where positions are capped."""
     ids = kwargs.get("input_ids", kwargs.get("attention_mask"))
     if not torch.is_tensor(ids) or ids.dim() != 2:
@@ -192,7 +192,7 @@ def _other_length(module: nn.Module, kwargs: dict, pad_token_id: int | None):
     grow = max(_GROW_MIN, int(length * _GROW_FRACTION))
     limit = _max_positions(module)
     if limit is None or length + grow <= limit:
-        return f"a copy {grow} columns longer", {k: _grow(k, v, batch, length, grow, pad_token_id)
+        return f"a copy {grow} columns longer", {k: _grow(k, v, batch, length, grow)
                                                   for k, v in kwargs.items()}
     cut = length - max(1, length // 4)
     if cut < 2:
@@ -220,7 +220,7 @@ def _tokenwise(value, batch: int, length: int) -> bool:
     return torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (batch, length)
 
 
-def _grow(name: str, value, batch: int, length: int, grow: int, pad_token_id: int | None):
+def _grow(name: str, value, batch: int, length: int, grow: int):
     """``value`` with ``grow`` more columns: copies of its first columns (real tokens with their
     labels), so the loss reads the new positions. Padding would not do: a causal or recurrent model
     whose graph computes the first batch's positions only (a loop unrolled by the trace) gives the

@@ -211,9 +211,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         check = dataclasses.replace(options, fallback="disable", preflight="never", trim_padding=False,
                                     eliminate_padding=False, export_cache_dir=None, save_onnx=False, onnx_dir=None,
                                     profile_dir=None, mem_efficient_grad_mgmt=False)
-        config = getattr(self.module, "config", None) or getattr(getattr(self.module, "model", None), "config", None)
-        summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs,
-                                getattr(config, "pad_token_id", None))
+        summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs)
         logger.info("ort_hf: pre-flight of %s: %s.", name, summary)
 
     def _check_padding_elimination(self, inputs: dict) -> None:
