@@ -2,8 +2,10 @@
 computing the same values, or (``ConvGrad``) for a form of the same kernel that is correct.
 
 The rewrite runs through ORT's own hook for optimising the built training graph
-(``GraphOptimizerRegistry``: after the gradient graph, label sparsity and ORT's fusions), on CPU
-graphs only. A node it cannot translate exactly is left to ORT.
+(``GraphOptimizerRegistry``: after the gradient graph, label sparsity and ORT's fusions), for a
+model ort_hf wrapped whose parameters are on the CPU when the graph is built (``placement.py``;
+ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions`` switch
+(``SWITCHES``); the two corrections have none. A node it cannot translate exactly is left to ORT.
 
 - ``SoftmaxCrossEntropyLossInternal`` (behind ``nn.CrossEntropyLoss``) computes its log-softmax
   serially: 70 ms a step for the MLM benchmark's 331 labelled rows x 30,522 classes (ORT's
@@ -21,7 +23,7 @@ graphs only. A node it cannot translate exactly is left to ORT.
   travels as uint8 instead of bool, since ORT 1.19.2 reads no bool back from PyTorch
   (``dlpack_converter.cc``). Only float32, a constant ratio in (0, 1), training mode on, and a
   mask read by ``DropoutGrad`` nodes alone; not when ``ORTOptions.cpu_dropout_kernels`` is off
-  (recompute turns it off: ``export_record``). docs/dropout.md has the rest.
+  (recompute turns it off: ``wanted_swaps``). docs/dropout.md has the rest.
 - ``aten::embedding_backward`` (ORT's ATen node for an embedding's gradient) allocates its dense,
   vocabulary-sized gradient anew every step; ort_hf's ``embedding_dense_grad``
   (``csrc/cpu_embedding_grad.cpp``, where the cost is explained) writes the same sums into a
@@ -82,13 +84,14 @@ def _int_constant(constants: dict, name: str) -> int | None:
 class _Context:
     """What the per-node swaps read from the whole graph, and what they add to it."""
 
-    def __init__(self, graph: GraphProto):
+    def __init__(self, graph: GraphProto, swaps: frozenset[str]):
         self.constants = _scalar_constants(graph)
         self.types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
         # Dropout's output 0 -> (mask, ratio); none when the model is not to use our kernels.
-        self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if _dropout_kernels_wanted() else {}
+        wanted = "dropout" in swaps and _own_kernel("cpu_dropout")
+        self.dropout_masks = _swappable_dropouts(graph, self.constants, self.types) if wanted else {}
         self.mask_ratios = dict(self.dropout_masks.values())
-        self.own_embedding_grad = _own_kernel("embedding_dense_grad")
+        self.own_embedding_grad = "embedding_grad" in swaps and _own_kernel("embedding_dense_grad")
         self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
@@ -285,24 +288,49 @@ def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
                              transB=int(attrs.get("transB", 0)))]
 
 
-_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): _cross_entropy, ("BiasGeluGrad_dX", _MS): _bias_gelu_grad,
-          ("Dropout", ""): _dropout, ("Dropout", "ai.onnx"): _dropout, ("DropoutGrad", _MS): _dropout_grad,
-          ("ATen", _ATEN): _embedding_grad, ("ConvGrad", _MS): _conv_grad, ("Gemm", ""): _gemm,
-          ("Gemm", "ai.onnx"): _gemm}
+# (op type, domain) -> (the swap's name, its rewrite). Each speed swap has a switch in ORTOptions
+# (SWITCHES); the corrections (``conv_grad``, ``gemm``: ORT's CPU kernels write out of bounds or
+# fail where torch computes) have none: without them the graph is wrong, never slower.
+_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
+          ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
+          ("Dropout", ""): ("dropout", _dropout), ("Dropout", "ai.onnx"): ("dropout", _dropout),
+          ("DropoutGrad", _MS): ("dropout", _dropout_grad), ("ATen", _ATEN): ("embedding_grad", _embedding_grad),
+          ("ConvGrad", _MS): ("conv_grad", _conv_grad), ("Gemm", ""): ("gemm", _gemm),
+          ("Gemm", "ai.onnx"): ("gemm", _gemm)}
+SWITCHES = {"cross_entropy": "cpu_cross_entropy_swap", "gelu_grad": "cpu_gelu_grad_swap",
+            "dropout": "cpu_dropout_kernels", "embedding_grad": "cpu_embedding_grad_kernel"}
+CORRECTIONS = frozenset({"conv_grad", "gemm"})
+ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
 
 
-def swap_kernels(graph: GraphProto) -> dict[str, int]:
-    """Rewrite ``graph`` in place; returns how many nodes of each type were swapped. The graph's
-    opset is ORT's training opset (14 to 20 in ort_hf, ``ORTOptions.opset_version``), where the
-    ONNX ops have today's form."""
-    if not any((node.op_type, node.domain) in _SWAPS for node in graph.node):
+def wanted_swaps(options, device_type: str) -> frozenset[str]:
+    """The swaps a model trained with ``options`` (``ORTOptions``) on ``device_type`` gets: none off
+    the CPU (ORT's CUDA kernels are other ones, and ort_hf's run on CPU only), else the corrections and
+    each speed swap whose switch is on. ORT's recompute can redraw its own Dropout (it seeds the
+    node), not an ATen node in its place: with recompute on, the dropout stays ORT's so that its
+    plans keep their savings."""
+    if device_type != "cpu":
+        return frozenset()
+    wanted = {name for name, option in SWITCHES.items() if getattr(options, option)}
+    if options.memory_optimizer_on:
+        wanted.discard("dropout")
+    return frozenset(wanted) | CORRECTIONS
+
+
+def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS) -> dict[str, int]:
+    """Rewrite ``graph`` in place with the swaps named in ``swaps``; returns how many nodes of each
+    type were swapped. The graph's opset is ORT's training opset (14 to 20 in ort_hf,
+    ``ORTOptions.opset_version``), where the ONNX ops have today's form."""
+    if not any(_SWAPS.get((node.op_type, node.domain), ("",))[0] in swaps for node in graph.node):
         return {}
-    ctx = _Context(graph)
+    ctx = _Context(graph, swaps)
     swapped: dict[str, int] = {}
     nodes = []
     for node in graph.node:
-        swap = _SWAPS.get((node.op_type, node.domain))
-        replacement = swap(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, ctx) if swap else None
+        name, swap = _SWAPS.get((node.op_type, node.domain), (None, None))
+        replacement = None
+        if name in swaps:
+            replacement = swap(node, {a.name: helper.get_attribute_value(a) for a in node.attribute}, ctx)
         if replacement is None:
             nodes.append(node)
             continue
@@ -324,11 +352,12 @@ def _set_types(graph: GraphProto, types: dict[str, int]) -> None:
     graph.value_info.extend(helper.make_tensor_value_info(name, elem_type, None) for name, elem_type in types.items())
 
 
-def _dropout_kernels_wanted() -> bool:
-    """The model being built asked for our dropout kernels (``ORTOptions.cpu_dropout_kernels``),
-    and they are registered with torch (by ``extensions.load_all``)."""
+def _swap_in_training_graph(graph: GraphProto) -> None:
+    """ORT's hook: the swaps of the wrapped model whose graph ORT built (none for a graph of a model
+    ort_hf did not wrap, or one whose parameters are not on the CPU, whatever device ORT assumed)."""
     record = ACTIVE_EXPORT_RECORD.get()
-    return (record is None or record.cpu_dropout_kernels) and _own_kernel("cpu_dropout")
+    if record is not None:
+        record.swapped = swap_kernels(graph, record.kernel_swaps) if record.device_type == "cpu" else {}
 
 
 def release_kernel_buffers() -> None:
@@ -351,4 +380,4 @@ def register() -> None:
     once per process, by ``runtime.ensure_engine``)."""
     from onnxruntime.training.ortmodule.graph_optimizer_registry import GraphOptimizerRegistry
 
-    GraphOptimizerRegistry.register("all", "cpu", 0, swap_kernels)
+    GraphOptimizerRegistry.register("all", "cpu", 0, _swap_in_training_graph)

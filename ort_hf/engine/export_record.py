@@ -22,15 +22,22 @@ class ExportRecord:
     torch_threads: int | None = None  # PyTorch's threads while ORT runs (None: unchanged)
     export_cache_shared: bool = False  # ORTOptions.export_cache_shared
     profile_dir: str | None = None  # ORTOptions.profile_dir
-    cpu_dropout_kernels: bool = True  # ORTOptions.cpu_dropout_kernels
+    device_type: str = "cpu"  # where the model trains (placement.py): the graph's device
+    kernel_swaps: frozenset[str] = frozenset()  # cpu_kernel_swaps' swaps wanted in its training graph
+    swapped: dict[str, int] | None = None  # what cpu_kernel_swaps changed in the training graph built last
     export_count: int = 0
     export_seconds: float = 0.0
     eliminate_padding: bool = False  # set per training forward: rewrite the graph if one is built now
     padding_rewrite: object | None = None  # padding_elimination.Rewrite of the graph built last
 
-    def configure(self, options, on_cuda: bool) -> None:
+    def configure(self, options, device_type: str) -> None:
         """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default
-        resolved for the model's device; the export counters are kept."""
+        resolved for the model's device type (``"cpu"`` or ``"cuda"``); the export counters are kept."""
+        from .cpu_kernel_swaps import wanted_swaps
+
+        on_cuda = device_type == "cuda"
+        self.device_type = device_type
+        self.kernel_swaps = wanted_swaps(options, device_type)
         self.enable_label_sparsity = options.enable_label_sparsity
         self.enable_mem_reuse = options.mem_reuse_on
         self.intra_op_threads = options.intra_op_threads
@@ -41,9 +48,6 @@ class ExportRecord:
         self.torch_threads = torch_threads or None
         self.export_cache_shared = options.export_cache_shared
         self.profile_dir = options.profile_dir
-        # ORT's recompute can redraw its own Dropout (it seeds the node), not an ATen node in its
-        # place: with recompute on, the dropout stays ORT's so that its plans keep their savings.
-        self.cpu_dropout_kernels = options.cpu_dropout_kernels and not options.memory_optimizer_on
 
 
 # The wrapped model whose forward is running.

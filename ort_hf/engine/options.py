@@ -122,6 +122,14 @@ class ORTOptions:
                                            "(threaded, counter-based masks seeded per step) instead of ORT's serial "
                                            "ones; same contract (engine/cpu_kernel_swaps.py). False keeps ORT's, "
                                            "as does recompute (ORT recomputes only its own).")
+    cpu_embedding_grad_kernel: bool = _opt(True, "CPU: compute the gradient of an embedding lookup into a weight on "
+                                                 "ort_hf's kernel, which reuses its vocabulary-sized buffer instead of "
+                                                 "allocating it every step; same sums (engine/cpu_kernel_swaps.py).")
+    cpu_gelu_grad_swap: bool = _opt(True, "CPU: run ORT's BiasGeluGrad_dX (exact-erf GELU's gradient) as PyTorch's "
+                                          "vectorised gelu_backward (engine/cpu_kernel_swaps.py).")
+    cpu_cross_entropy_swap: bool = _opt(True, "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "
+                                              "NegativeLogLikelihoodLoss (threaded) instead of ORT's serial "
+                                              "SoftmaxCrossEntropyLossInternal; same loss (engine/cpu_kernel_swaps.py).")
     preflight: str = _opt("auto", "Before the first optimizer step, check ORT's graph against PyTorch on the first batch and "
                                   "on a longer copy of it (dropout off, a separate session): same loss and gradients, "
                                   "or the model is refused before training. 'auto': for every model class the "

@@ -22,6 +22,7 @@ from .options import ORTOptions
 from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_autograd
 from .padding import trim_trailing_padding
 from .padding_elimination import padding_unread, worth_eliminating
+from .placement import model_device_type, step_device_type
 from .precision import check_precision
 from .preflight import run_preflight
 from .proven import model_class_name, padding_rewrites_proven, proven_exact
@@ -55,16 +56,21 @@ class WrapSettings:
     :meth:`of` in the constructor and again, whole, on ``reconfigure``."""
 
     options: ORTOptions
-    on_cuda: bool
+    device_type: str  # "cpu" or "cuda": where the parameters were when these settings were resolved
     pythonop: bool  # torch.autograd.Function runs as ORT PythonOp (asked for, and the extension is there)
     trim_padding: bool
     eliminate_padding: bool
     preflight: bool  # check ORT against PyTorch before the first step (preflight.py)
     disable_cache: bool  # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type)
 
+    @property
+    def on_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
     @classmethod
     def of(cls, module: nn.Module, options: ORTOptions, state: EngineState) -> WrapSettings:
-        on_cuda = any(p.is_cuda for p in module.parameters())
+        device_type = model_device_type(module)
+        on_cuda = device_type == "cuda"
         if on_cuda and options.eliminate_padding:
             raise ValueError("ort_hf: eliminate_padding is the CPU build's stand-in for ORT's own padding "
                              "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
@@ -76,7 +82,7 @@ class WrapSettings:
         rewrites = not on_cuda and padding_rewrites_proven(module)
         return cls(
             options=options,
-            on_cuda=on_cuda,
+            device_type=device_type,
             pythonop=state.pythonop_available and options.enable_custom_autograd,
             trim_padding=options.trim_padding if options.trim_padding is not None else rewrites,
             eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else rewrites,
@@ -111,11 +117,12 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self.module = module
         self._settings = WrapSettings.of(module, options, state)
         self._record = ExportRecord()
-        self._record.configure(options, self._settings.on_cuda)
+        self._record.configure(options, self._settings.device_type)
         self._run = RunState()
         self.padding_stats = {"kept_tokens": 0, "total_tokens": 0}
         self._step_seed: list[int] | None = None  # [seed, step, forwards since] (seed_steps)
         self._set_ort(ort_module)
+        self._built_for = self._placement()  # (device type, parameter dtypes) the session was built for
         self._ort.train(module.training)
         weakref.finalize(self, release_kernel_buffers).atexit = False
 
@@ -140,12 +147,45 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             self._ort.train(mode)
         return self
 
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .half() and DeepSpeed's own move and cast all come here: a session built
+        # for other devices or dtypes is rebuilt (its kernels and rewrites were chosen for them).
+        super()._apply(fn, recurse)
+        if self._ort is not None and self._placement() != self._built_for:
+            self._follow_move()
+        return self
+
+    def _placement(self) -> tuple:
+        return model_device_type(self.module), tuple(sorted({str(p.dtype) for p in self.module.parameters()}))
+
+    def _placed_as_built(self, args: tuple, kwargs: dict) -> bool:
+        """At every training step, from the first parameter (a move or cast of the wrapped model
+        itself bypasses ``_apply``): still on the device type and dtypes the session was built for."""
+        first = next(self.module.parameters(), None)
+        device, dtypes = self._built_for
+        return step_device_type(self.module, args, kwargs) == device and (first is None or str(first.dtype) in dtypes)
+
+    def _follow_move(self) -> None:
+        """The model moved or was cast since its ORT session was built: rebuild it, so that what ORT
+        runs (ort_hf's CPU kernels, padding rewrites, thread settings) is chosen for where it is now,
+        and check the new graph before training as the first one was."""
+        before, exported = self._settings.device_type, self._record.export_count
+        self.reconfigure(self.options)
+        self._run.checked = False
+        (logger.warning if exported else logger.info)(
+            "ort_hf: %s moved (%s to %s) or changed dtype after it was wrapped: its ORT session is rebuilt for where it "
+            "is now%s.", type(self.module).__name__, before, self._settings.device_type,
+            " (one more export)" if exported else "")
+
     def forward(self, *args, **kwargs):
         settings, run = self._settings, self._run
         if run.use_pytorch or (not self.training and not settings.options.eval_in_ort):
             return self.module(*args, **kwargs)
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
             args, kwargs = (), dict(args[0])  # ORTModule rejects BatchEncoding; plain dict it is
+        if self.training and not self._placed_as_built(args, kwargs):
+            self._follow_move()
+            settings = self._settings
         if self.training and settings.disable_cache:
             kwargs.setdefault("use_cache", False)
         if self.training and settings.trim_padding:
@@ -190,25 +230,18 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         return output
 
     def _first_training_step(self, args: tuple, kwargs: dict) -> None:
-        """Say which padding rewrites run and why, and run the pre-flight where it is wanted."""
+        """Say which rewrites run and why, and run the pre-flight where it is wanted."""
         settings, name = self._settings, model_class_name(self.module)
         self._run.checked = True
-        options = settings.options
-        if not settings.on_cuda and options.trim_padding is None and options.eliminate_padding is None:
-            if settings.trim_padding:
-                logger.info("ort_hf: padding trim and elimination on for %s: the architecture sweep proved them exact "
-                            "for it (docs/architectures.md).", name)
-            else:
-                logger.warning("ort_hf: padding trim and elimination off for %s: the architecture sweep has not proven "
-                               "them exact for it (docs/architectures.md); --ort_trim_padding true and "
-                               "--ort_eliminate_padding true force them.", name)
+        unproven, line = rewrites_line(name, settings, self._record.kernel_swaps)
+        (logger.warning if unproven else logger.info)("%s", line)
         if not settings.preflight:
             return
         logger.warning("ort_hf: %s is not among the classes the architecture sweep proved exact: checking ORT's graph "
                        "against PyTorch on the first batch before training (--ort_preflight never skips this).", name)
         # The check's own session: fallback disabled (a failure is the answer), no rewrite and no
         # export cache (its graph is built with dropout off and must never serve the real run).
-        check = dataclasses.replace(options, fallback="disable", preflight="never", trim_padding=False,
+        check = dataclasses.replace(settings.options, fallback="disable", preflight="never", trim_padding=False,
                                     eliminate_padding=False, export_cache_dir=None, save_onnx=False, onnx_dir=None,
                                     profile_dir=None, mem_efficient_grad_mgmt=False)
         summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs)
@@ -276,6 +309,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self._run.ran = True
         if first and self.training and self.training_graph() is not None:
             self._check_requested_plans()
+            logger.info("ort_hf: ORT's training graph of %s: nodes swapped for ort_hf's kernels: %s.",
+                        type(self.module).__name__, self._record.swapped or "none")
         manager = self._ort._fallback_manager
         if self._run.fallback_reason is None and manager.is_pending():
             self._record_fallback(describe_failure(manager._exception))
@@ -309,7 +344,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         target = self._run.stateful if self._run.stateful is not None else self.module
         self._set_ort(build_ort_module(target, options, state))
         self._settings = WrapSettings.of(self.module, options, state)
-        self._record.configure(options, self._settings.on_cuda)
+        self._built_for = self._placement()
+        self._record.configure(options, self._settings.device_type)
         self._run.ran = False
         self._ort.train(self.training)
 
@@ -358,6 +394,35 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             export_seconds=self._record.export_seconds,
             pythonop=self._settings.pythonop,
         )
+
+
+def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> tuple[bool, str]:
+    """The first step's line saying which of ort_hf's rewrites and kernels run for model class ``name``
+    and why; True when the padding rewrites are off only for want of proof (a warning, not news)."""
+    options, device = settings.options, settings.device_type
+    if options.trim_padding is not None or options.eliminate_padding is not None:
+        padding = (f"padding trim {'on' if settings.trim_padding else 'off'} and elimination "
+                   f"{'on' if settings.eliminate_padding else 'off'} (--ort_trim_padding / --ort_eliminate_padding)")
+    elif device != "cpu":
+        padding = f"padding trim and elimination off on {device} (ORT's own padding elimination runs there)"
+    elif settings.trim_padding:
+        padding = "padding trim and elimination on (the architecture sweep proved them exact for it: docs/architectures.md)"
+    else:
+        padding = ("padding trim and elimination off (the architecture sweep has not proven them exact for it: "
+                   "docs/architectures.md; --ort_trim_padding true and --ort_eliminate_padding true force them)")
+    from .cpu_kernel_swaps import CORRECTIONS, SWITCHES
+
+    if device != "cpu":
+        kernels = f"ort_hf's kernels off (CPU-only; ORT's own {device} kernels run)"
+    else:
+        on = sorted(swaps - CORRECTIONS)
+        off = [f"{swap} (recompute keeps ORT's)" if getattr(options, SWITCHES[swap]) else
+               f"{swap} (--ort_{SWITCHES[swap]} false)" for swap in sorted(set(SWITCHES) - swaps)]
+        kernels = (f"ort_hf's CPU kernels on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; "
+                   f"corrections of ORT's CPU kernels (always): {', '.join(sorted(CORRECTIONS))}")
+    unproven = device == "cpu" and options.trim_padding is None and options.eliminate_padding is None \
+        and not settings.trim_padding
+    return unproven, f"ort_hf: {name} trains on {device}: {padding}; {kernels}."
 
 
 def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTrainingModule:

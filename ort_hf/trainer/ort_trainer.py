@@ -128,6 +128,10 @@ class ORTTrainerMixin:
             return self._ort_train_model  # a later train() on the same model and options: no re-export
         if self._ort_engine_module is not None:
             self._ort_engine_module.release()  # a retry (auto_find_batch_size): free the old session first
+        if self.is_deepspeed_enabled:
+            # transformers leaves this move to DeepSpeed, which makes it after we wrap: the engine
+            # wraps the model where it will train (a later cast by DeepSpeed rebuilds the session).
+            self.model.to(self.args.device)
         engine_module = wrap_model(self._training_target(), options)
         self._ort_engine_module = engine_module
         self._label_sparsity_checked = False

@@ -144,6 +144,9 @@ class ORTTrainingArguments(TrainingArguments):
     ort_intra_op_spinning: bool | None = _ort("intra_op_spinning")
     ort_torch_threads_in_graph: int | None = _ort("torch_threads_in_graph")
     ort_cpu_dropout_kernels: bool = _ort("cpu_dropout_kernels")
+    ort_cpu_embedding_grad_kernel: bool = _ort("cpu_embedding_grad_kernel")
+    ort_cpu_gelu_grad_swap: bool = _ort("cpu_gelu_grad_swap")
+    ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")
     ort_preflight: str = _ort("preflight")
 
     def _refuse_what_ort_cannot_run(self) -> None:

@@ -90,3 +90,23 @@ def test_an_evaluation_in_ort_leaves_the_guard_in_place():
     assert wrapped.padding_rewrite is not None
     with pytest.raises(ValueError, match="eliminate_padding"):
         wrapped(**_ragged("mlm", gen, steps=1, pad_left=True)[0])
+
+
+def test_the_word_embeddings_gradient_buffer_outlives_many_row_counts():
+    # Elimination's row gathers change size with every batch's real-token count; the embedding
+    # kernel's kept buffers must still serve the vocabulary table (else it is faulted in anew).
+    from ort_hf.module_with_loss import ModuleWithLoss
+
+    model = build(FAMILIES["bert-cls"])  # untied: the gradient ORT returns is the kernel's buffer
+    options = ORTOptions(fallback="disable", log_level="ERROR", preflight="never", eliminate_padding=True)
+    wrapped = wrap_model(ModuleWithLoss(model), options)
+    wrapped.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen, storages = torch.Generator().manual_seed(9), set()
+    for step in range(12):  # 12 real-token counts, more than the kernel keeps buffers
+        wrapped(**ragged_batch([SEQ, 3 + step, 8, 8], "cls", gen))["loss"].backward()
+        storages.add(model.bert.embeddings.word_embeddings.weight.grad.untyped_storage().data_ptr())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert wrapped.padding_rewrite is not None and wrapped._record.swapped["ATen"] == 3
+    assert len(storages) <= 2, f"the word embeddings' gradient took {len(storages)} buffers in 12 steps"
