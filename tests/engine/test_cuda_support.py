@@ -227,3 +227,17 @@ def test_doctor_says_why_the_first_cuda_step_took_its_time(capability, environ, 
 
     assert says in first_step_note(capability, 94.2, environ)
 
+
+def test_trainer_arguments_set_the_jit_variables_before_anything_initialises_cuda(monkeypatch, tmp_path):
+    """TrainingArguments' device set-up runs torch.cuda.is_available(), hence cuInit, long before
+    the model is wrapped: ORTTrainingArguments applies the variables first."""
+    import torch
+
+    from ort_hf.engine import cuda_jit
+    from ort_hf.trainer import ORTTrainingArguments
+
+    calls = []
+    monkeypatch.setattr(cuda_jit, "apply_jit_environment", lambda: calls.append("jit"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append("cuda") or False)
+    ORTTrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert calls[0] == "jit" and "cuda" in calls
