@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import platform
 import shutil
+import time
 
 
 def _version(dist: str) -> str:
@@ -14,30 +16,35 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _train_one_step(device: str = "cpu") -> str:
-    """Run one training step of a tiny model through ORT with fallback disabled."""
+def _train_one_step(device: str = "cpu") -> tuple[str, float]:
+    """Run one training step of a tiny model through ORT with fallback disabled; returns what ran
+    and the step's seconds (export, session and, on CUDA, kernel loading included)."""
     import torch
 
     from .engine import ORTOptions, wrap_model
 
+    start = time.perf_counter()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to(device)
     wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR"))
     wrapped.train()
     loss = wrapped(torch.randn(4, 8, device=device)).square().mean()
     loss.backward()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
     status = wrapped.engine_status()
     if status.backend != "ort":
         raise RuntimeError(f"backend is {status.backend}: {status.fallback_reason}")
     provider = wrapped.session_providers()[0] if device != "cpu" else "CPUExecutionProvider"
-    return f"ok (one step through ORT on {provider}, export {status.export_seconds:.2f}s)"
+    return f"ok (one step through ORT on {provider}, export {status.export_seconds:.2f}s)", seconds
 
 
 def _gpu_lines(lines: list, problems: list) -> None:
     """The CUDA side: driver, GPUs against ORT's kernels, provider libraries, one step on CUDA."""
     import torch
 
-    from .engine import cuda_setup, gpu_arch_note
+    from .engine import apply_jit_environment, cuda_setup, describe_jit_environment, first_step_note, gpu_arch_note
 
     setup = cuda_setup()
     if not setup.provider_installed:
@@ -49,6 +56,10 @@ def _gpu_lines(lines: list, problems: list) -> None:
         return
     lines.append(("NVIDIA driver", f"CUDA {setup.driver_cuda_version} (torch {torch.__version__} needs CUDA "
                                    f"{torch.version.cuda})"))
+    jit = apply_jit_environment()  # already applied by run_doctor, before CUDA could be initialised
+    lines.append(("CUDA JIT settings", describe_jit_environment(jit)))
+    if jit.warning:
+        problems.append(jit.warning)
     for soname, source in setup.library_sources.items():
         lines.append((f"  {soname}", source))
     if setup.provider_problem:
@@ -60,7 +71,9 @@ def _gpu_lines(lines: list, problems: list) -> None:
     for i in range(torch.cuda.device_count()):
         cap = torch.cuda.get_device_capability(i)
         lines.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)}, {gpu_arch_note(cap)}"))
-    lines.append(("CUDA training check", _train_one_step("cuda")))
+    message, seconds = _train_one_step("cuda")
+    lines.append(("CUDA training check", message))
+    lines.append(("  first step", first_step_note(torch.cuda.get_device_capability(0), seconds, os.environ)))
 
 
 def run_doctor() -> int:
@@ -75,8 +88,11 @@ def run_doctor() -> int:
     lines.append(("c++ compiler", shutil.which("c++") or shutil.which("g++") or "missing"))
     lines.append(("ninja", shutil.which("ninja") or "missing"))
 
-    from .engine import is_ort_training_available
+    from .engine import apply_jit_environment, is_ort_training_available
 
+    # First, while CUDA is not initialised: is_ort_training_available imports onnxruntime, and
+    # torch.cuda.is_available() below runs cuInit.
+    apply_jit_environment()
     can_train = False
     if not is_ort_training_available():
         from .engine import INSTALL_HINT
@@ -99,7 +115,7 @@ def run_doctor() -> int:
                 lines.append((f"  {name}", f"built: {st.path}" if st.loaded else f"FAILED: {st.error}"))
             if not state.pythonop_available:
                 problems.append("PythonOp unavailable: custom autograd functions are inlined, label sparsity off.")
-            lines.append(("training check", _train_one_step()))
+            lines.append(("training check", _train_one_step()[0]))
             can_train = True
             _gpu_lines(lines, problems)
         except (EngineUnavailableError, ExtensionBuildError, RuntimeError) as exc:

@@ -1,10 +1,13 @@
 """`make test-gpu`: run `ort-hf doctor` and the tests marked gpu, then write one file a GPU owner
 can attach to a bug report (default ``gpu-report.md``): the doctor's findings, the versions, each
-test's result and, for a failure, the first ORT error in it. Exits with pytest's status."""
+test's result and, for a failure, the first ORT error in it, and what each test recorded (pytest's
+``record_property``: the Memcpy nodes ORT inserted, ``tests/parity.py``). Exits with pytest's
+status."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -49,14 +52,47 @@ def test_results(junit_xml: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-def render(doctor: str, rows: list[tuple[str, str, str]], pytest_tail: str) -> str:
+def recorded(junit_xml: Path) -> dict[str, dict[str, list | str]]:
+    """test id -> what it recorded (JUnit ``property`` elements): a JSON list, the lists of one name
+    joined (a test may record once per run it makes), else the text as it is."""
+    found: dict[str, dict[str, list | str]] = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        for prop in case.iter("property"):
+            key, text = prop.get("name", ""), prop.get("value", "")
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            values = found.setdefault(name, {})
+            if isinstance(value, list) and isinstance(values.get(key, []), list):
+                values[key] = [*values.get(key, []), *value]
+            else:
+                values[key] = text
+    return found
+
+
+def _summary(values: dict[str, list | str]) -> str:
+    return ", ".join(f"{key}: {len(value) if isinstance(value, list) else value}" for key, value in values.items())
+
+
+def render(doctor: str, rows: list[tuple[str, str, str]], pytest_tail: str,
+           records: dict[str, dict[str, list | str]] | None = None) -> str:
     counts = {o: sum(1 for _, outcome, _ in rows if outcome == o) for o in ("passed", "FAILED", "ERROR", "skipped")}
     lines = [f"# ort_hf GPU report ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
              "`make test-gpu`: `ort-hf doctor`, then `pytest -m gpu`. " +
              ", ".join(f"{n} {o.lower()}" for o, n in counts.items()), "", "## ort-hf doctor", "", "```",
-             doctor.rstrip(), "```", "", "## Tests", "", "| test | result | first ORT error / reason |",
-             "| --- | --- | --- |"]
-    lines += [f"| `{name}` | {outcome} | {detail.replace('|', '/')} |" for name, outcome, detail in rows]
+             doctor.rstrip(), "```", "", "## Tests", "", "| test | result | first ORT error / reason | recorded |",
+             "| --- | --- | --- | --- |"]
+    records = records or {}
+    lines += [f"| `{name}` | {outcome} | {detail.replace('|', '/')} | {_summary(records.get(name, {}))} |"
+              for name, outcome, detail in rows]
+    listed = [(name, key, value) for name, values in records.items() for key, value in values.items()
+              if isinstance(value, list) and value]
+    if listed:
+        lines += ["", "## Recorded by the tests", ""]
+        for name, key, value in listed:
+            lines += [f"`{name}`, {key} ({len(value)}):", "", "```", *map(str, value), "```", ""]
     lines += ["", "## pytest's last lines", "", "```", pytest_tail.rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -70,12 +106,14 @@ def main() -> int:
     print(doctor.stdout, doctor.stderr[-2000:], sep="", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        tests = subprocess.run([sys.executable, "-m", "pytest", *cli.pytest_args, f"--junitxml={junit}", "-rA"],
-                               cwd=ROOT, capture_output=True, text=True)
+        # xunit1: the JUnit family in which pytest writes record_property's values without a warning.
+        tests = subprocess.run([sys.executable, "-m", "pytest", *cli.pytest_args, f"--junitxml={junit}",
+                                "-o", "junit_family=xunit1", "-rA"], cwd=ROOT, capture_output=True, text=True)
         print(tests.stdout[-6000:], tests.stderr[-2000:], sep="", flush=True)
         rows = test_results(junit) if junit.exists() else []
+        records = recorded(junit) if junit.exists() else {}
     doctor_text = doctor.stdout + (f"\n(exit {doctor.returncode})\n{doctor.stderr[-1500:]}" if doctor.returncode else "")
-    cli.out.write_text(render(doctor_text, rows, "\n".join(tests.stdout.splitlines()[-15:])))
+    cli.out.write_text(render(doctor_text, rows, "\n".join(tests.stdout.splitlines()[-15:]), records))
     print(f"gpu report written to {cli.out}: attach it to the bug report", flush=True)
     return tests.returncode
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import torch
@@ -74,6 +75,18 @@ def memcpy_nodes(onnx_dir) -> list[str]:
                     found.append(f"{path.name}: {node.op_type} {node.name} ({', '.join(node.input)})")
                 graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
                 graphs.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
+    return found
+
+
+MEMCPY_PROPERTY = "memcpy_nodes"  # the test's JUnit property: a JSON list, rendered by scripts/gpu_report.py
+
+
+def record_memcpy_nodes(onnx_dir, record_property) -> list[str]:
+    """Record :func:`memcpy_nodes` of the run saved in ``onnx_dir`` as the test's JUnit property
+    (pytest's ``record_property``), for ``make test-gpu``'s report to list per test, and return
+    them. Recorded, not asserted: one misplaced node would otherwise fail every CUDA test alike."""
+    found = memcpy_nodes(onnx_dir)
+    record_property(MEMCPY_PROPERTY, json.dumps(found))
     return found
 
 

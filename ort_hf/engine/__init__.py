@@ -25,6 +25,9 @@ _LAZY = {
     "CudaSetup": "cuda",
     "cuda_setup": "cuda",
     "gpu_arch_note": "cuda",
+    "apply_jit_environment": "cuda_jit",
+    "describe_jit_environment": "cuda_jit",
+    "first_step_note": "cuda_jit",
     "find_length_constants": "length_check",
 }
 

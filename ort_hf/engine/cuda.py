@@ -201,16 +201,24 @@ def cuda_setup() -> CudaSetup:
     )
 
 
+def native_build(capability: tuple[int, int]) -> tuple[int, int] | None:
+    """The ORT cubin (``ORT_SASS_ARCHS``) a GPU of this compute capability runs, or None when the
+    driver must JIT-compile PTX instead. A cubin runs on GPUs of its major version and a minor at
+    least its own."""
+    runs = [arch for arch in ORT_SASS_ARCHS if arch[0] == capability[0] and arch[1] <= capability[1]]
+    return runs[-1] if runs else None
+
+
 def gpu_arch_note(capability: tuple[int, int]) -> str:
     """What ORT's kernels (``ORT_SASS_ARCHS`` / ``ORT_PTX_ARCHS``) mean for a GPU of this compute
-    capability. A cubin runs on GPUs of its major version and a minor at least its own."""
+    capability."""
     name = f"sm_{capability[0]}{capability[1]}"
-    runs = [arch for arch in ORT_SASS_ARCHS if arch[0] == capability[0] and arch[1] <= capability[1]]
-    if runs:
-        built = f"sm_{runs[-1][0]}{runs[-1][1]}"
+    native = native_build(capability)
+    if native:
+        built = f"sm_{native[0]}{native[1]}"
         return f"{name}: ORT's kernels run from their {built} build" + ("" if built == name else " (same major)")
     if capability >= (10, 0):
         return f"{name}: not supported (cuDNN 8, which ORT 1.19.2 needs, has no Blackwell support)"
     newest = max(ORT_PTX_ARCHS)
     return (f"{name}: ORT carries no build for it; the driver JIT-compiles its compute_{newest[0]}{newest[1]} PTX "
-            "on first use (minutes; raise CUDA_CACHE_MAXSIZE so the driver keeps them)")
+            "on first use (minutes; the driver's JIT cache keeps the result for later runs)")

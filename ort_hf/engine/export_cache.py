@@ -6,8 +6,9 @@ it whenever that file exists. As shipped that is unsafe in four ways, each handl
 1. The key is the module's ``repr`` only: an eager and an SDPA BERT, two transformers
    versions, a changed forward, or other inputs (labels or not) share one file, and the wrong
    graph is loaded silently. Entries live in a sub-folder keyed by a digest of the versions,
-   the HF config, the source of every module class, the input names/dtypes/dynamic axes and
-   the export settings.
+   the HF config, the source of every module class, the dtypes of the parameters and buffers,
+   the autocast in force (cpu and cuda), the input names/dtypes/dynamic axes and the export
+   settings.
 2. Two runs exporting at once race on the file; a run killed mid-write leaves a truncated
    file that every later run loads and crashes on. Exports run under a file lock per entry,
    and a file without its ``.complete`` marker (written after ORT's save returns) is deleted.
@@ -80,6 +81,19 @@ def _hf_config(module) -> str | None:
     return None
 
 
+def _precision(module) -> dict:
+    """The dtypes of the module's parameters and buffers, and the autocast in force (the export runs
+    under the caller's): an fp32 graph is never reused for an fp16, bf16 or autocast run."""
+    import torch
+
+    return {
+        "parameters": sorted({str(p.dtype) for p in module.parameters()}),
+        "buffers": sorted({str(b.dtype) for b in module.buffers()}),
+        "autocast": {device: str(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+                     for device in ("cpu", "cuda")},
+    }
+
+
 def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
     """Everything that decides the exported graph, as one digest."""
     tensors = [
@@ -91,6 +105,7 @@ def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
         "module": repr(flattened_module),
         "config": _hf_config(flattened_module),
         "source": _source_digest(flattened_module),
+        "precision": _precision(flattened_module),
         "inputs": tensors,
         "input_names": list(model_info.onnx_graph_input_names),
         "require_grad": list(model_info.onnx_graph_input_names_require_grad),

@@ -52,6 +52,9 @@ def ensure_engine() -> EngineState:
     with _lock:
         if _state is not None:
             return _state
+        from .cuda_jit import apply_jit_environment
+
+        apply_jit_environment()  # before anything here can initialise CUDA (ORT's import included)
         from . import compat, cpu_kernel_swaps, extensions, model_hooks
 
         # `import onnxruntime` already imports ORTModule (its build validation does): from here on.

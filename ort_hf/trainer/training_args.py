@@ -179,6 +179,9 @@ class ORTTrainingArguments(TrainingArguments):
         return bool(self.use_ort) and self._on_cpu()
 
     def __post_init__(self):
+        from ..engine import apply_jit_environment
+
+        apply_jit_environment()  # before _on_cpu() and TrainingArguments' device set-up initialise CUDA
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no
         # entry for ORT's optimizer: validate the rest with a stand-in, then put ours back.
         wants_ort_fused = self.optim == ADAMW_ORT_FUSED

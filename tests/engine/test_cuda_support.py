@@ -1,5 +1,7 @@
 """The CUDA support's CPU-side behaviour (the GPU side is `make gpu-check` and `make test-gpu`)."""
 
+import os
+
 import pytest
 
 from ort_hf.engine import cuda
@@ -136,3 +138,106 @@ def test_bf16_on_cuda_is_refused_by_the_engine_before_any_export(monkeypatch):
     with pytest.raises(ValueError, match="bfloat16 with ORT on CUDA"):
         wrapped(**make_batch("cls", torch.Generator().manual_seed(0)))
     assert wrapped.engine_status().backend == "not_run"
+
+
+def test_jit_variables_are_set_only_where_unset_and_before_cuda_starts():
+    from ort_hf.engine.cuda_jit import JIT_DEFAULTS, decide_jit_environment, describe_jit_environment
+
+    fresh = decide_jit_environment({}, cuda_initialised=False)
+    assert fresh.set_by_ort_hf == JIT_DEFAULTS == {"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "4294967296"}
+    assert fresh.warning is None
+    yours = decide_jit_environment({"CUDA_CACHE_MAXSIZE": "1073741824"}, cuda_initialised=False)
+    assert yours.set_by_ort_hf == {"CUDA_MODULE_LOADING": "LAZY"}
+    assert yours.given == {"CUDA_CACHE_MAXSIZE": "1073741824"}
+    assert describe_jit_environment(yours) == ("CUDA_MODULE_LOADING=LAZY (set by ort_hf), "
+                                               "CUDA_CACHE_MAXSIZE=1073741824 (already set: kept)")
+    late = decide_jit_environment({}, cuda_initialised=True)
+    assert late.set_by_ort_hf == {}
+    assert "export CUDA_MODULE_LOADING=LAZY CUDA_CACHE_MAXSIZE=4294967296" in late.warning
+    assert decide_jit_environment({}, cuda_initialised=True, capabilities=((9, 0), (8, 0))).warning == late.warning
+    native = decide_jit_environment({}, cuda_initialised=True, capabilities=((8, 0), (8, 9)))  # ORT's own cubins
+    assert native.set_by_ort_hf == {} and native.warning is None
+
+
+@pytest.mark.parametrize("environ, mode, missing", [
+    ({"CUDA_MODULE_LOADING": "LAZY"}, "LAZY", "export CUDA_CACHE_MAXSIZE=4294967296"),  # torch's LAZY, read in time
+    # torch's LAZY set after something else ran cuInit (torch.cuda.is_available()): the driver is eager
+    ({"CUDA_MODULE_LOADING": "LAZY"}, "EAGER", "export CUDA_CACHE_MAXSIZE=4294967296 CUDA_MODULE_LOADING=LAZY"),
+    ({"CUDA_MODULE_LOADING": "EAGER", "CUDA_CACHE_MAXSIZE": "0"}, "EAGER", None),  # the user's choices
+    ({"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "0"}, None, None),  # mode unknown: the environment's word
+])
+def test_after_cuda_started_the_warning_names_what_did_not_take_effect(environ, mode, missing):
+    from ort_hf.engine.cuda_jit import decide_jit_environment
+
+    decided = decide_jit_environment(environ, cuda_initialised=True, loading_mode=mode)
+    assert decided.set_by_ort_hf == {} and decided.given == environ
+    if missing is None:
+        assert decided.warning is None
+    else:
+        assert decided.warning.endswith(missing) and "before starting Python" in decided.warning
+
+
+def test_jit_variables_are_applied_once_with_one_warning(monkeypatch, caplog):
+    from pathlib import Path
+
+    from ort_hf.engine import cuda_jit
+
+    for name in cuda_jit.JIT_DEFAULTS:
+        monkeypatch.setenv(name, "x")  # recorded by monkeypatch, so the test's changes are undone
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(cuda_jit, "_applied", None)
+    monkeypatch.setattr(cuda_jit, "provider_library", lambda: Path("libonnxruntime_providers_cuda.so"))
+    monkeypatch.setattr(cuda_jit, "driver_state", lambda: (False, None))
+    assert cuda_jit.apply_jit_environment().set_by_ort_hf == cuda_jit.JIT_DEFAULTS
+    assert {name: os.environ[name] for name in cuda_jit.JIT_DEFAULTS} == cuda_jit.JIT_DEFAULTS
+    monkeypatch.setattr(cuda_jit, "_applied", None)
+    monkeypatch.delenv("CUDA_CACHE_MAXSIZE")
+    monkeypatch.setattr(cuda_jit, "driver_state", lambda: (True, "LAZY"))
+    with caplog.at_level("WARNING", logger=cuda_jit.__name__):
+        cuda_jit.apply_jit_environment()
+        cuda_jit.apply_jit_environment()
+    assert "CUDA_CACHE_MAXSIZE" not in os.environ
+    assert [r.getMessage() for r in caplog.records].count(cuda_jit._applied.warning) == 1
+
+
+def test_the_cpu_build_sets_no_cuda_variable(monkeypatch):
+    from ort_hf.engine import cuda_jit
+
+    if cuda.provider_library() is not None:
+        pytest.skip("onnxruntime-training (CUDA build) is installed")
+    monkeypatch.setattr(cuda_jit, "_applied", None)
+    before = dict(os.environ)
+    assert cuda_jit.apply_jit_environment() is None and dict(os.environ) == before
+
+
+@pytest.mark.parametrize("capability, environ, says", [
+    ((8, 0), {}, "first step 94.2 s: native cubins (ORT's sm_80 build), nothing to JIT-compile"),
+    ((8, 9), {}, "first step 94.2 s: native cubins (ORT's sm_86 build), nothing to JIT-compile"),
+    ((9, 0), {"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "4294967296"},
+     "first step 94.2 s: this GPU's sm_90 has no ORT cubin, so the driver JIT-compiled ORT's compute_86 PTX for "
+     "the kernels it ran (CUDA_MODULE_LOADING=LAZY), or read them from its JIT cache; the JIT cache "
+     "(CUDA_CACHE_MAXSIZE=4294967296, ~/.nv/ComputeCache) keeps them for the next run"),
+    ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "every kernel of the provider (eager module loading)"),
+    ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "(CUDA_CACHE_MAXSIZE=the driver's default, /scratch/jit)"),
+    ((9, 0), {"CUDA_CACHE_DISABLE": "1"}, "the JIT cache is off (CUDA_CACHE_DISABLE=1), so every process compiles"),
+    ((10, 0), {}, "first step 94.2 s: sm_100: not supported"),
+])
+def test_doctor_says_why_the_first_cuda_step_took_its_time(capability, environ, says):
+    from ort_hf.engine import first_step_note
+
+    assert says in first_step_note(capability, 94.2, environ)
+
+
+def test_trainer_arguments_set_the_jit_variables_before_anything_initialises_cuda(monkeypatch, tmp_path):
+    """TrainingArguments' device set-up runs torch.cuda.is_available(), hence cuInit, long before
+    the model is wrapped: ORTTrainingArguments applies the variables first."""
+    import torch
+
+    from ort_hf.engine import cuda_jit
+    from ort_hf.trainer import ORTTrainingArguments
+
+    calls = []
+    monkeypatch.setattr(cuda_jit, "apply_jit_environment", lambda: calls.append("jit"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append("cuda") or False)
+    ORTTrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert calls[0] == "jit" and "cuda" in calls

@@ -29,3 +29,42 @@ def test_report_names_each_test_and_the_first_ort_error(tmp_path):
     assert rows[2] == ("tests.engine.test_gpu::test_cpu", "skipped", "no CUDA device on this machine")
     text = gpu_report.render("ort-hf doctor\n  result: the engine can train", rows, "1 failed, 1 passed")
     assert "1 passed, 1 failed, 0 error, 1 skipped" in text and "## ort-hf doctor" in text
+
+
+def test_report_lists_the_memcpy_nodes_each_test_recorded(tmp_path):
+    """A CUDA test records the Memcpy nodes of its saved execution graph (parity.record_memcpy_nodes,
+    written by pytest's record_property) instead of failing on them; the report lists them per test."""
+    import json
+    from xml.sax.saxutils import quoteattr
+
+    from onnx import TensorProto, helper, save
+    from parity import MEMCPY_PROPERTY, record_memcpy_nodes
+
+    graph = helper.make_graph([helper.make_node("MemcpyToHost", ["x"], ["y"], name="Memcpy_token_7"),
+                               helper.make_node("Relu", ["y"], ["z"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])])
+    save(helper.make_model(graph), str(tmp_path / "bert_execution_model_training.onnx"))
+    properties = []
+    found = record_memcpy_nodes(tmp_path, lambda name, value: properties.append((name, value)))
+    assert found == ["bert_execution_model_training.onnx: MemcpyToHost Memcpy_token_7 (x)"]
+    assert properties == [(MEMCPY_PROPERTY, json.dumps(found))]
+
+    def case(name, recorded):  # a testcase as pytest's JUnit XML writes one with its properties
+        props = "".join(f"<property name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in recorded)
+        return (f'<testcase classname="tests.engine.test_gpu" name="{name}" time="1.0">'
+                f"<properties>{props}</properties></testcase>")
+
+    (tmp_path / "junit.xml").write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+        + case("test_fp16", [*properties, (MEMCPY_PROPERTY, "[]")])  # two runs in one test: one list
+        + case("test_parity", [(MEMCPY_PROPERTY, "[]")]) + "</testsuite></testsuites>")
+    junit = tmp_path / "junit.xml"
+    records = gpu_report.recorded(junit)
+    assert records == {"tests.engine.test_gpu::test_fp16": {MEMCPY_PROPERTY: found},
+                       "tests.engine.test_gpu::test_parity": {MEMCPY_PROPERTY: []}}
+    text = gpu_report.render("ort-hf doctor", gpu_report.test_results(junit), "2 passed", records)
+    assert f"| `tests.engine.test_gpu::test_fp16` | passed |  | {MEMCPY_PROPERTY}: 1 |" in text
+    assert f"| `tests.engine.test_gpu::test_parity` | passed |  | {MEMCPY_PROPERTY}: 0 |" in text
+    listed = text.split("## Recorded by the tests")[1]
+    assert "test_fp16" in listed and found[0] in listed and "test_parity" not in listed

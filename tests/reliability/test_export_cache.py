@@ -89,3 +89,33 @@ def test_graphs_with_python_ops_are_never_cached(tmp_path):
     assert first["export_count"] == second["export_count"] == 1
     assert first["losses"] == second["losses"]
     assert _graphs(tmp_path) == [] and list(tmp_path.glob("*/uncacheable"))
+
+
+def test_the_key_holds_the_parameter_dtypes_and_the_autocast_in_force():
+    """An fp32 graph is never reused for a run in another dtype or under autocast (ORT's export
+    runs under the caller's autocast; the key is taken there)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ort_hf.engine.export_cache import entry_key
+
+    info = SimpleNamespace(onnx_graph_input_names=["x"], onnx_graph_input_names_require_grad=[],
+                           onnx_graph_input_dynamic_axes_map={"x": {0: "batch"}}, export_mode="training")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+    def key():
+        return entry_key(model, info, [torch.zeros(2, 4)], {"onnx_opset_version": 17})
+
+    fp32 = key()
+    assert key() == fp32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_autocast = key()
+    with torch.autocast("cpu", dtype=torch.float16):
+        fp16_autocast = key()
+    assert len({fp32, bf16_autocast, fp16_autocast}) == 3
+    model.double()
+    assert key() not in (fp32, bf16_autocast, fp16_autocast)
+    model.float()
+    model[1].num_batches_tracked.data = model[1].num_batches_tracked.data.int()  # a buffer's dtype alone
+    assert key() != fp32
