@@ -52,6 +52,8 @@ def ensure_engine() -> EngineState:
     with _lock:
         if _state is not None:
             return _state
+        if not is_ort_training_available():
+            raise EngineUnavailableError(INSTALL_HINT)
         from .cuda_jit import apply_jit_environment
 
         apply_jit_environment()  # before anything here can initialise CUDA (ORT's import included)
@@ -91,8 +93,6 @@ def ensure_engine() -> EngineState:
 
 
 def _import_ortmodule(compat):
-    if not is_ort_training_available():
-        raise EngineUnavailableError(INSTALL_HINT)
     from .options import scoped_environ
 
     compat.apply_torch_bridges()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import weakref
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from . import compat
+from . import compat, placement
 from .._model_state import restore_buffers
 from .cpu_kernel_swaps import release_kernel_buffers
 from .errors import ORTFallbackError
@@ -22,14 +21,14 @@ from .options import ORTOptions
 from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_autograd
 from .padding import trim_trailing_padding
 from .padding_elimination import padding_unread, worth_eliminating
-from .placement import model_device_type, step_device_type
 from .precision import check_precision
 from .preflight import run_preflight
-from .proven import model_class_name, padding_rewrites_proven, proven_exact
+from .proven import model_class_name
 from .runtime import EngineState, ensure_engine, register_symbolics
-from .trace_fixes import apply_trace_fixes
 from .session_inspection import TrainingSessionInspection
 from .state_sync import BUFFERS_ARG, StatefulForward, StateWatch
+from .trace_fixes import apply_trace_fixes
+from .wrap_settings import WrapSettings, rewrites_line
 
 logger = logging.getLogger(__name__)
 
@@ -48,48 +47,6 @@ class EngineStatus:
     export_count: int
     export_seconds: float
     pythonop: bool
-
-
-@dataclass(frozen=True)
-class WrapSettings:
-    """What a wrapped model's forward reads from its options, resolved for the model: built by
-    :meth:`of` in the constructor and again, whole, on ``reconfigure``."""
-
-    options: ORTOptions
-    device_type: str  # "cpu" or "cuda": where the parameters were when these settings were resolved
-    pythonop: bool  # torch.autograd.Function runs as ORT PythonOp (asked for, and the extension is there)
-    trim_padding: bool
-    eliminate_padding: bool
-    preflight: bool  # check ORT against PyTorch before the first step (preflight.py)
-    disable_cache: bool  # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type)
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.device_type == "cuda"
-
-    @classmethod
-    def of(cls, module: nn.Module, options: ORTOptions, state: EngineState) -> WrapSettings:
-        device_type = model_device_type(module)
-        on_cuda = device_type == "cuda"
-        if on_cuda and options.eliminate_padding:
-            raise ValueError("ort_hf: eliminate_padding is the CPU build's stand-in for ORT's own padding "
-                             "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
-                             "on a GPU. Leave eliminate_padding unset on CUDA.")
-        config = getattr(module, "config", None)
-        # The padding rewrites change what a model computes wherever it reads a padding position
-        # (a convolution or pooling over the sequence, a loss over positions): by default they run
-        # only for the classes the sweep proved they leave exact (proven.py).
-        rewrites = not on_cuda and padding_rewrites_proven(module)
-        return cls(
-            options=options,
-            device_type=device_type,
-            pythonop=state.pythonop_available and options.enable_custom_autograd,
-            trim_padding=options.trim_padding if options.trim_padding is not None else rewrites,
-            eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else rewrites,
-            preflight=options.preflight == "always" or (options.preflight == "auto" and not proven_exact(module)),
-            disable_cache="use_cache" in inspect.signature(module.forward).parameters
-            and bool(getattr(config, "use_cache", False)),
-        )
 
 
 @dataclass
@@ -156,14 +113,16 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         return self
 
     def _placement(self) -> tuple:
-        return model_device_type(self.module), tuple(sorted({str(p.dtype) for p in self.module.parameters()}))
+        dtypes = tuple(sorted({str(p.dtype) for p in self.module.parameters()}))
+        return placement.model_device_type(self.module), dtypes
 
     def _placed_as_built(self, args: tuple, kwargs: dict) -> bool:
         """At every training step, from the first parameter (a move or cast of the wrapped model
         itself bypasses ``_apply``): still on the device type and dtypes the session was built for."""
         first = next(self.module.parameters(), None)
         device, dtypes = self._built_for
-        return step_device_type(self.module, args, kwargs) == device and (first is None or str(first.dtype) in dtypes)
+        same_device = placement.step_device_type(self.module, args, kwargs) == device
+        return same_device and (first is None or str(first.dtype) in dtypes)
 
     def _follow_move(self) -> None:
         """The model moved or was cast since its ORT session was built: rebuild it, so that what ORT
@@ -394,35 +353,6 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             export_seconds=self._record.export_seconds,
             pythonop=self._settings.pythonop,
         )
-
-
-def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> tuple[bool, str]:
-    """The first step's line saying which of ort_hf's rewrites and kernels run for model class ``name``
-    and why; True when the padding rewrites are off only for want of proof (a warning, not news)."""
-    options, device = settings.options, settings.device_type
-    if options.trim_padding is not None or options.eliminate_padding is not None:
-        padding = (f"padding trim {'on' if settings.trim_padding else 'off'} and elimination "
-                   f"{'on' if settings.eliminate_padding else 'off'} (--ort_trim_padding / --ort_eliminate_padding)")
-    elif device != "cpu":
-        padding = f"padding trim and elimination off on {device} (ORT's own padding elimination runs there)"
-    elif settings.trim_padding:
-        padding = "padding trim and elimination on (the architecture sweep proved them exact for it: docs/architectures.md)"
-    else:
-        padding = ("padding trim and elimination off (the architecture sweep has not proven them exact for it: "
-                   "docs/architectures.md; --ort_trim_padding true and --ort_eliminate_padding true force them)")
-    from .cpu_kernel_swaps import CORRECTIONS, SWITCHES
-
-    if device != "cpu":
-        kernels = f"ort_hf's kernels off (CPU-only; ORT's own {device} kernels run)"
-    else:
-        on = sorted(swaps - CORRECTIONS)
-        off = [f"{swap} (recompute keeps ORT's)" if getattr(options, SWITCHES[swap]) else
-               f"{swap} (--ort_{SWITCHES[swap]} false)" for swap in sorted(set(SWITCHES) - swaps)]
-        kernels = (f"ort_hf's CPU kernels on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; "
-                   f"corrections of ORT's CPU kernels (always): {', '.join(sorted(CORRECTIONS))}")
-    unproven = device == "cpu" and options.trim_padding is None and options.eliminate_padding is None \
-        and not settings.trim_padding
-    return unproven, f"ort_hf: {name} trains on {device}: {padding}; {kernels}."
 
 
 def wrap_model(model: nn.Module, options: ORTOptions | None = None) -> ORTTrainingModule:

@@ -258,8 +258,14 @@ class ORTTrainerMixin:
                 f"Last complete checkpoint: {last or 'none yet'} (resume with resume_from_checkpoint=True)."
             ) from exc
         if not torch.isfinite(loss.detach()).all():
+            why = ""
+            if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and bool((labels == -100).all()):
+                why = (" Every label of this batch is -100 (ignored): a mean over no labelled token is NaN, in "
+                       "PyTorch as in ORT; drop such rows (e.g. truncation that cut every answer token) or check "
+                       "the collator's label masking.")
             logger.warning("ort_hf: non-finite loss %s at step %d (the logged loss filters it when "
-                           "logging_nan_inf_filter is on, as the Trainer does).", loss.item(), self.state.global_step + 1)
+                           "logging_nan_inf_filter is on, as the Trainer does).%s", loss.item(),
+                           self.state.global_step + 1, why)
         if not self._label_sparsity_checked:
             self._report_first_step(labels)
         return loss

@@ -63,12 +63,11 @@ def test_a_batch_labelling_padding_is_refused_once_the_graph_eliminates_it():
 
 
 def test_asking_for_it_on_cuda_is_refused(monkeypatch):
-    from types import SimpleNamespace
-
-    from ort_hf.engine.wrap import WrapSettings
+    from ort_hf.engine import placement
+    from ort_hf.engine.wrap_settings import WrapSettings
 
     model = build(FAMILIES["bert-cls"])
-    monkeypatch.setattr(model, "parameters", lambda: iter([SimpleNamespace(is_cuda=True)]))
+    monkeypatch.setattr(placement, "model_device_type", lambda module: "cuda")
     with pytest.raises(ValueError, match="never run on a GPU"):
         WrapSettings.of(model, ORTOptions(eliminate_padding=True), state=None)
 

@@ -12,14 +12,14 @@ from parity import UNCHECKED
 from tiny_models import FAMILIES, build, make_batch
 
 from ort_hf.engine import ORTOptions, wrap_model
-from ort_hf.engine import wrap as wrap_module
+from ort_hf.engine import placement
 from ort_hf.engine.cpu_kernel_swaps import CORRECTIONS, SWITCHES, wanted_swaps
 from ort_hf.module_with_loss import ModuleWithLoss
 
 
 def _fake_device(monkeypatch, device: str) -> None:
-    monkeypatch.setattr(wrap_module, "model_device_type", lambda module: device)
-    monkeypatch.setattr(wrap_module, "step_device_type", lambda module, args, kwargs: device)
+    monkeypatch.setattr(placement, "model_device_type", lambda module: device)
+    monkeypatch.setattr(placement, "step_device_type", lambda module, args, kwargs: device)
 
 
 def _wrapped(options=UNCHECKED):

@@ -65,3 +65,14 @@ def test_failed_run_leaves_environment_unchanged(tmp_path):
     with pytest.raises(Exception, match="aten::linalg_eigh"):
         _trainer(tmp_path, _data(), model=WithEigh()).train()
     assert dict(os.environ) == before
+
+
+def test_a_batch_without_labelled_tokens_says_why_its_loss_is_nan(tmp_path, caplog):
+    data = id_dataset(16, 8, lambda ids, g: torch.full_like(ids, -100))  # every token ignored
+    trainer = _trainer(tmp_path, data, model=build(FAMILIES["bert-mlm"]),
+                       ort_density_callback=False, ort_memory_callback=False)
+    with caplog.at_level(logging.WARNING, logger="ort_hf"):
+        trainer.train()
+    assert trainer.ort_engine_status().backend == "ort"
+    said = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+    assert said and "Every label of this batch is -100" in said[0]
