@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ort_hf-installed
 
-.PHONY: setup test test-all doctor demo bench sweep gpu-check test-gpu clean
+.PHONY: setup test test-all test-latest doctor demo bench sweep gpu-check test-gpu clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ort_hf needs Python 3.11 (onnxruntime-training 1.19.2 has no wheels beyond it); set PYTHON=/path/to/python3.11"'
@@ -74,5 +74,13 @@ gpu-check: $(GPU_STAMP)
 test-gpu: $(GPU_STAMP)
 	$(GPU_PY) scripts/gpu_report.py --out gpu-report.md
 
+# The newest releases of torch, transformers, accelerate, PEFT and TRL the registry serves, in
+# .venv-latest, through the suite (scripts/test_latest.py): the evidence for the next cap in
+# pyproject.toml. Not part of `make test` (torch's default build is multi-GB).
+LATEST_VENV := .venv-latest
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python scripts/test_latest.py
+
 clean:
-	rm -rf $(VENV) $(GPU_VENV) build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) $(LATEST_VENV) build *.egg-info

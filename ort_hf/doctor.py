@@ -40,6 +40,11 @@ def _train_one_step(device: str = "cpu") -> tuple[str, float]:
     return f"ok (one step through ORT on {provider}, export {status.export_seconds:.2f}s)", seconds
 
 
+# Until a GPU run (make test-gpu) says otherwise; README's status table says the same.
+CUDA_STATUS = ("experimental: ort_hf's CUDA path has never run on a GPU (built and linked only); "
+               "attach `make test-gpu`'s gpu-report.md to an issue with what you see")
+
+
 def _gpu_lines(lines: list, problems: list) -> None:
     """The CUDA side: driver, GPUs against ORT's kernels, provider libraries, one step on CUDA."""
     import torch
@@ -53,7 +58,9 @@ def _gpu_lines(lines: list, problems: list) -> None:
     if not setup.driver_present:
         lines.append(("CUDA provider", "installed (gpu extra), but no NVIDIA driver here (libcuda.so.1): "
                                        "ORT trains on CPU, CUDA sessions are refused"))
+        lines.append(("CUDA support", CUDA_STATUS))
         return
+    lines.append(("CUDA support", CUDA_STATUS))
     lines.append(("NVIDIA driver", f"CUDA {setup.driver_cuda_version} (torch {torch.__version__} needs CUDA "
                                    f"{torch.version.cuda})"))
     jit = apply_jit_environment()  # already applied by run_doctor, before CUDA could be initialised
@@ -80,8 +87,12 @@ def run_doctor() -> int:
     lines: list[tuple[str, str]] = []
     problems: list[str] = []
     lines.append(("python", platform.python_version()))
-    for dist in ("torch", "transformers", "accelerate", "onnx"):
-        lines.append((dist, _version(dist)))
+    from ._versions import tested_ranges, untested
+
+    for dist in ("torch", "transformers", "accelerate", "peft", "trl", "onnx"):
+        tested = tested_ranges().get(dist)
+        lines.append((dist, _version(dist) + (f" (tested: {tested})" if tested else "")))
+    problems.extend(untested())
     ort_cpu, ort_gpu = _version("onnxruntime-training-cpu"), _version("onnxruntime-training")
     lines.append(("onnxruntime-training-cpu", ort_cpu))
     lines.append(("onnxruntime-training", ort_gpu))

@@ -54,6 +54,9 @@ def ensure_engine() -> EngineState:
             return _state
         if not is_ort_training_available():
             raise EngineUnavailableError(INSTALL_HINT)
+        from .._versions import warn_untested
+
+        warn_untested()  # before the C++ extensions are built against whatever torch is installed
         from .cuda_jit import apply_jit_environment
 
         apply_jit_environment()  # before anything here can initialise CUDA (ORT's import included)

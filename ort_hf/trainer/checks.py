@@ -21,6 +21,16 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 
 
+def host_check_due(device_type: str, global_step: int, logging_steps: int) -> bool:
+    """Whether a check that reads a value on the host (a token id range, a loss's finiteness) runs at
+    this step. On CPU always (nothing runs ahead of the host); on an accelerator, where reading
+    a value stalls the queue of kernels the Trainer keeps free of syncs until it logs, on the
+    first step and at logging steps only."""
+    if device_type == "cpu":
+        return True
+    return global_step == 0 or (logging_steps > 0 and (global_step + 1) % logging_steps == 0)
+
+
 def check_token_ids(inputs: dict, vocab_size: int | None) -> None:
     """Raise if ``input_ids`` fall outside the embedding table (ORT would abort in C++)."""
     ids = inputs.get("input_ids")

@@ -24,7 +24,7 @@ from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.loss_choice import choose_loss
 from ..module_with_loss.module_with_loss import CROSS_ENTROPY, LossInPyTorch
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
-                     last_complete_checkpoint, unfinished_checkpoint_guard)
+                     host_check_due, last_complete_checkpoint, unfinished_checkpoint_guard)
 from .deepspeed import prepare_deepspeed
 from .step_seed import StepSeedCallback
 from .neftune import use_exportable_neftune
@@ -246,7 +246,11 @@ class ORTTrainerMixin:
         if not through_engine:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs.get("labels")
-        check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
+        ids = inputs.get("input_ids")
+        checked = host_check_due(ids.device.type if torch.is_tensor(ids) else "cpu", self.state.global_step,
+                                 self.state.logging_steps or 0)
+        if checked:
+            check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         if not self._label_sparsity_checked:
             self._place_loss(inputs, num_items_in_batch)  # before the first forward: it decides what ORT exports
         try:
@@ -257,7 +261,7 @@ class ORTTrainerMixin:
                 f"ORT failed at step {self.state.global_step + 1}: {exc}\n"
                 f"Last complete checkpoint: {last or 'none yet'} (resume with resume_from_checkpoint=True)."
             ) from exc
-        if not torch.isfinite(loss.detach()).all():
+        if checked and not torch.isfinite(loss.detach()).all():
             why = ""
             if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and bool((labels == -100).all()):
                 why = (" Every label of this batch is -100 (ignored): a mean over no labelled token is NaN, in "

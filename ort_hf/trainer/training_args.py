@@ -179,7 +179,10 @@ class ORTTrainingArguments(TrainingArguments):
         return bool(self.use_ort) and self._on_cpu()
 
     def __post_init__(self):
+        from .._versions import warn_untested
         from ..engine import apply_jit_environment
+
+        warn_untested()
 
         apply_jit_environment()  # before _on_cpu() and TrainingArguments' device set-up initialise CUDA
         # TrainingArguments.__post_init__ turns `optim` into its OptimizerNames enum, which has no

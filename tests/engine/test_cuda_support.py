@@ -241,3 +241,17 @@ def test_trainer_arguments_set_the_jit_variables_before_anything_initialises_cud
     monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append("cuda") or False)
     ORTTrainingArguments(output_dir=str(tmp_path), report_to=[])
     assert calls[0] == "jit" and "cuda" in calls
+
+
+def test_doctor_labels_cuda_experimental_wherever_the_gpu_build_is_installed(monkeypatch):
+    from ort_hf import doctor, engine
+    from ort_hf.engine.cuda import CudaSetup
+
+    monkeypatch.setattr(engine, "cuda_setup", lambda: CudaSetup(provider_installed=True))  # no driver
+    lines, problems = [], []
+    doctor._gpu_lines(lines, problems)
+    assert ("CUDA support", doctor.CUDA_STATUS) in lines and "never run on a GPU" in doctor.CUDA_STATUS
+    monkeypatch.setattr(engine, "cuda_setup", lambda: CudaSetup(provider_installed=False))  # the CPU build
+    lines = []
+    doctor._gpu_lines(lines, problems)
+    assert all(name != "CUDA support" for name, _ in lines)

@@ -76,3 +76,12 @@ def test_a_batch_without_labelled_tokens_says_why_its_loss_is_nan(tmp_path, capl
     assert trainer.ort_engine_status().backend == "ort"
     said = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
     assert said and "Every label of this batch is -100" in said[0]
+
+
+@pytest.mark.parametrize("device, step, logging_steps, due", [
+    ("cpu", 7, 5, True),  # nothing runs ahead of the host: every step
+    ("cuda", 0, 5, True), ("cuda", 4, 5, True), ("cuda", 7, 5, False), ("cuda", 3, 0, False)])
+def test_host_reading_checks_run_on_an_accelerator_only_where_the_trainer_syncs(device, step, logging_steps, due):
+    from ort_hf.trainer.checks import host_check_due
+
+    assert host_check_due(device, step, logging_steps) is due
