@@ -4,6 +4,8 @@
 brought up on first use, and says which extra to install when it is missing.
 """
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -21,6 +23,14 @@ _LAZY = {
     "ORTDPOTrainer": "ort_hf.trl",
     "ORTDPOConfig": "ort_hf.trl",
 }
+
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
+    # ruff: noqa: F401 (each is in __all__, through _LAZY)
+    from .engine import ORTOptions, wrap_model
+    from .module_with_loss import ModuleWithLoss
+    from .trainer import (ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainerMixin,
+                          ORTTrainingArguments)
+    from .trl import ORTDPOConfig, ORTDPOTrainer, ORTSFTConfig, ORTSFTTrainer
 
 
 def __getattr__(name):

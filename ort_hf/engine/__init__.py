@@ -5,6 +5,8 @@ Importing it is cheap; ORTModule is brought up on the first :func:`wrap_model`. 
 modules import torch are loaded on first access.
 """
 
+from typing import TYPE_CHECKING
+
 from .errors import EngineUnavailableError, ExtensionBuildError, ORTFallbackError
 from .options import SPARSITY_THRESHOLD, ORTOptions
 from .runtime import INSTALL_HINT, ensure_engine, is_ort_training_available
@@ -30,6 +32,20 @@ _LAZY = {
     "first_step_note": "cuda_jit",
     "find_length_constants": "length_check",
 }
+
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
+    # ruff: noqa: F401 (each is in __all__, through _LAZY)
+    from .cuda import CudaSetup, cuda_setup, gpu_arch_note
+    from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
+    from .export import INFERENCE_OPSET, export_inference_onnx
+    from .extensions import extension_dir
+    from .length_check import find_length_constants
+    from .optim import apply_fp16_optimizer, fused_adamw_cls_and_kwargs
+    from .padding import trim_trailing_padding
+    from .precision import BF16_ON_CUDA
+    from .sampler import LoadBalancingBatchSampler
+    from .wrap import EngineStatus, ORTTrainingModule, wrap_model
+
 
 __all__ = [
     "EngineUnavailableError",

@@ -6,12 +6,20 @@ of these names is first used.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 _LAZY = {
     "ORTSFTConfig": "ort_hf.trl.configs",
     "ORTDPOConfig": "ort_hf.trl.configs",
     "ORTSFTTrainer": "ort_hf.trl.trainers",
     "ORTDPOTrainer": "ort_hf.trl.trainers",
 }
+
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
+    # ruff: noqa: F401 (each is in __all__, through _LAZY)
+    from .configs import ORTDPOConfig, ORTSFTConfig
+    from .trainers import ORTDPOTrainer, ORTSFTTrainer
+
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."
 
 
