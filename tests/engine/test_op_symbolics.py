@@ -7,7 +7,8 @@ disabled, ORT proven to have run).
 - ``aten::rms_norm`` (``nn.RMSNorm``: DiffLlama);
 - ``aten::softplus`` and ORT's missing ``Softplus`` gradient (Doge, Jamba's Mamba);
 - ``aten::exponential`` / ``aten::uniform`` (PhiMoE's router noise), drawn from torch's generator;
-- ``aten::_convolution_mode`` (``padding="same"``), whose ``auto_pad`` ORT's CPU ConvGrad ignores.
+- ``aten::_convolution_mode`` (``padding="same"``), whose ``auto_pad`` ORT's CPU ConvGrad ignores;
+- ``aten::linalg_solve_triangular`` (gated delta-net layers), an ATen node with its gradient.
 """
 
 from __future__ import annotations
@@ -292,3 +293,42 @@ def test_same_padding_convolution_trains_as_pytorch(case):
     assert convs
     for attrs in convs:  # explicit pads, which ConvGrad reads; auto_pad absent or NOTSET
         assert "pads" in attrs and (attrs["auto_pad"].s if "auto_pad" in attrs else b"NOTSET") == b"NOTSET"
+
+
+# ---- linalg_solve_triangular ---------------------------------------------------------------------
+
+class TriangularSolve(torch.nn.Module):
+    """``solve_triangular(A, lin(x))`` with a trained full matrix ``A`` (the solver reads one triangle:
+    the gradient of the other must be zero, as torch's is); ``A`` may broadcast over ``x``'s batch."""
+
+    def __init__(self, width, a_batch=(), **flags):
+        super().__init__()
+        self.flags = flags
+        self.a = torch.nn.Parameter(torch.randn(*a_batch, 5, 5) * 0.3 + 3 * torch.eye(5))
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x, target):
+        y = torch.linalg.solve_triangular(self.a, self.lin(x), **self.flags)
+        return Output(loss=((y - target) ** 2).mean(), out=y)
+
+
+SOLVE_CASES = {
+    # the gated delta-net layers' call
+    "lower-unit": dict(upper=False, unitriangular=True),
+    "upper-broadcast": dict(upper=True, a_batch=(3, 1)),
+    "right-lower": dict(upper=False, left=False),
+    "right-upper-unit-broadcast": dict(upper=True, left=False, unitriangular=True, a_batch=(2,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOLVE_CASES))
+def test_solve_triangular_trains_as_pytorch(case):
+    flags = dict(SOLVE_CASES[case])
+    a_batch = flags.pop("a_batch", ())
+    shape = (3, 2, 5, 6) if flags.get("left", True) else (3, 2, 6, 5)
+    torch.manual_seed(0)
+    result = run_parity(TriangularSolve(shape[-1], a_batch, **flags), _batches(lambda i: (shape, shape)), OPTIONS)
+    assert_parity(*result)
+    ops = _graph_ops(result[-1])
+    assert ops.count("ATen:linalg_solve_triangular") == 3, ops  # the forward, dB and dA
+
