@@ -8,7 +8,8 @@ disabled, ORT proven to have run).
 - ``aten::softplus`` and ORT's missing ``Softplus`` gradient (Doge, Jamba's Mamba);
 - ``aten::exponential`` / ``aten::uniform`` (PhiMoE's router noise), drawn from torch's generator;
 - ``aten::_convolution_mode`` (``padding="same"``), whose ``auto_pad`` ORT's CPU ConvGrad ignores;
-- ``aten::linalg_solve_triangular`` (gated delta-net layers), an ATen node with its gradient.
+- ``aten::linalg_solve_triangular`` (gated delta-net layers), an ATen node with its gradient;
+- ``aten::scatter`` with a bool fill value (sparse-attention indexers) and its ``reduce=`` forms.
 """
 
 from __future__ import annotations
@@ -332,3 +333,72 @@ def test_solve_triangular_trains_as_pytorch(case):
     ops = _graph_ops(result[-1])
     assert ops.count("ATen:linalg_solve_triangular") == 3, ops  # the forward, dB and dA
 
+
+# ---- scatter -------------------------------------------------------------------------------------
+
+class TopKMask(torch.nn.Module):
+    """The sparse-attention indexers' mask (``ones(bool).scatter(-1, top, False)``), and a scatter of
+    ``src`` that needs a gradient."""
+
+    def __init__(self, fill):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.fill = fill
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        top = h.topk(3, dim=-1).indices
+        mask = torch.ones_like(h, dtype=torch.bool).scatter(-1, top, self.fill)
+        out = h.masked_fill(mask if not self.fill else ~mask, 0.0)
+        out = out + torch.zeros_like(h).scatter(-1, top, h.gather(-1, top) * 2)
+        return Output(loss=((out - target) ** 2).mean(), out=out)
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_scatter_of_a_bool_value_trains_as_pytorch(fill):
+    torch.manual_seed(0)
+    result = run_parity(TopKMask(fill), _batches(lambda i: ((4, 5 + i, 8), (4, 5 + i, 8))), OPTIONS)
+    assert_parity(*result)
+
+
+class ScatterReduce(torch.nn.Module):
+    """Integer counts built with ``scatter(..., reduce=)`` (repeated indices), scaling a trained output."""
+
+    def __init__(self, reduce):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.reduce = reduce
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        top = h.topk(3, dim=-1).indices
+        counts = torch.ones_like(h, dtype=torch.long).scatter(-1, top, 2, reduce=self.reduce)
+        counts = counts.scatter(-1, top[..., :1].expand_as(top), (top % 2) + 1, reduce=self.reduce)
+        out = h * counts
+        return Output(loss=((out - target) ** 2).mean(), out=out)
+
+
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_reduce_forms_train_as_pytorch(reduce):
+    torch.manual_seed(0)
+    result = run_parity(ScatterReduce(reduce), _batches(lambda i: ((4, 5 + i, 8), (4, 5 + i, 8))), OPTIONS)
+    assert_parity(*result)
+    assert "ScatterElements" in _graph_ops(result[-1])
+
+
+def test_scatter_reduce_on_a_trained_tensor_is_refused():
+    # torch defines no derivative for the reduce forms; ORT's ScatterElements gradient would ignore
+    # the reduction and train on a wrong gradient.
+    class FloatReduce(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, target):
+            h = self.lin(x)
+            out = h.scatter(-1, h.topk(3, dim=-1).indices, 2.0, reduce="multiply")
+            return Output(loss=((out - target) ** 2).mean(), out=out)
+
+    wrapped = wrap_model(FloatReduce(), OPTIONS)
+    with pytest.raises(Exception, match="aten::scatter with reduce='multiply' on a tensor that may need a gradient"):
+        wrapped(**_batches(lambda i: ((4, 5, 8), (4, 5, 8)), n=1)[0])
