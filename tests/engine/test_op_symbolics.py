@@ -7,7 +7,9 @@ disabled, ORT proven to have run).
 - ``aten::rms_norm`` (``nn.RMSNorm``: DiffLlama);
 - ``aten::softplus`` and ORT's missing ``Softplus`` gradient (Doge, Jamba's Mamba);
 - ``aten::exponential`` / ``aten::uniform`` (PhiMoE's router noise), drawn from torch's generator;
-- ``aten::_convolution_mode`` (``padding="same"``), whose ``auto_pad`` ORT's CPU ConvGrad ignores.
+- ``aten::_convolution_mode`` (``padding="same"``), whose ``auto_pad`` ORT's CPU ConvGrad ignores;
+- ``aten::linalg_solve_triangular`` (gated delta-net layers), an ATen node with its gradient;
+- ``aten::scatter`` with a bool fill value (sparse-attention indexers) and its ``reduce=`` forms.
 """
 
 from __future__ import annotations
@@ -292,3 +294,111 @@ def test_same_padding_convolution_trains_as_pytorch(case):
     assert convs
     for attrs in convs:  # explicit pads, which ConvGrad reads; auto_pad absent or NOTSET
         assert "pads" in attrs and (attrs["auto_pad"].s if "auto_pad" in attrs else b"NOTSET") == b"NOTSET"
+
+
+# ---- linalg_solve_triangular ---------------------------------------------------------------------
+
+class TriangularSolve(torch.nn.Module):
+    """``solve_triangular(A, lin(x))`` with a trained full matrix ``A`` (the solver reads one triangle:
+    the gradient of the other must be zero, as torch's is); ``A`` may broadcast over ``x``'s batch."""
+
+    def __init__(self, width, a_batch=(), **flags):
+        super().__init__()
+        self.flags = flags
+        self.a = torch.nn.Parameter(torch.randn(*a_batch, 5, 5) * 0.3 + 3 * torch.eye(5))
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x, target):
+        y = torch.linalg.solve_triangular(self.a, self.lin(x), **self.flags)
+        return Output(loss=((y - target) ** 2).mean(), out=y)
+
+
+SOLVE_CASES = {
+    # the gated delta-net layers' call
+    "lower-unit": dict(upper=False, unitriangular=True),
+    "upper-broadcast": dict(upper=True, a_batch=(3, 1)),
+    "right-lower": dict(upper=False, left=False),
+    "right-upper-unit-broadcast": dict(upper=True, left=False, unitriangular=True, a_batch=(2,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOLVE_CASES))
+def test_solve_triangular_trains_as_pytorch(case):
+    flags = dict(SOLVE_CASES[case])
+    a_batch = flags.pop("a_batch", ())
+    shape = (3, 2, 5, 6) if flags.get("left", True) else (3, 2, 6, 5)
+    torch.manual_seed(0)
+    result = run_parity(TriangularSolve(shape[-1], a_batch, **flags), _batches(lambda i: (shape, shape)), OPTIONS)
+    assert_parity(*result)
+    ops = _graph_ops(result[-1])
+    assert ops.count("ATen:linalg_solve_triangular") == 3, ops  # the forward, dB and dA
+
+
+# ---- scatter -------------------------------------------------------------------------------------
+
+class TopKMask(torch.nn.Module):
+    """The sparse-attention indexers' mask (``ones(bool).scatter(-1, top, False)``), and a scatter of
+    ``src`` that needs a gradient."""
+
+    def __init__(self, fill):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.fill = fill
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        top = h.topk(3, dim=-1).indices
+        mask = torch.ones_like(h, dtype=torch.bool).scatter(-1, top, self.fill)
+        out = h.masked_fill(mask if not self.fill else ~mask, 0.0)
+        out = out + torch.zeros_like(h).scatter(-1, top, h.gather(-1, top) * 2)
+        return Output(loss=((out - target) ** 2).mean(), out=out)
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_scatter_of_a_bool_value_trains_as_pytorch(fill):
+    torch.manual_seed(0)
+    result = run_parity(TopKMask(fill), _batches(lambda i: ((4, 5 + i, 8), (4, 5 + i, 8))), OPTIONS)
+    assert_parity(*result)
+
+
+class ScatterReduce(torch.nn.Module):
+    """Integer counts built with ``scatter(..., reduce=)`` (repeated indices), scaling a trained output."""
+
+    def __init__(self, reduce):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.reduce = reduce
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        top = h.topk(3, dim=-1).indices
+        counts = torch.ones_like(h, dtype=torch.long).scatter(-1, top, 2, reduce=self.reduce)
+        counts = counts.scatter(-1, top[..., :1].expand_as(top), (top % 2) + 1, reduce=self.reduce)
+        out = h * counts
+        return Output(loss=((out - target) ** 2).mean(), out=out)
+
+
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_reduce_forms_train_as_pytorch(reduce):
+    torch.manual_seed(0)
+    result = run_parity(ScatterReduce(reduce), _batches(lambda i: ((4, 5 + i, 8), (4, 5 + i, 8))), OPTIONS)
+    assert_parity(*result)
+    assert "ScatterElements" in _graph_ops(result[-1])
+
+
+def test_scatter_reduce_on_a_trained_tensor_is_refused():
+    # torch defines no derivative for the reduce forms; ORT's ScatterElements gradient would ignore
+    # the reduction and train on a wrong gradient.
+    class FloatReduce(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, target):
+            h = self.lin(x)
+            out = h.scatter(-1, h.topk(3, dim=-1).indices, 2.0, reduce="multiply")
+            return Output(loss=((out - target) ** 2).mean(), out=out)
+
+    wrapped = wrap_model(FloatReduce(), OPTIONS)
+    with pytest.raises(Exception, match="aten::scatter with reduce='multiply' on a tensor that may need a gradient"):
+        wrapped(**_batches(lambda i: ((4, 5, 8), (4, 5, 8)), n=1)[0])

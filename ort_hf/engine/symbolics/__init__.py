@@ -26,7 +26,11 @@ calls once per ONNX opset before the first export:
 - :mod:`.grouped_mm`: ``aten::_grouped_mm`` (transformers' grouped experts; training exports
   only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
 - :mod:`.random_draws`: ``aten::exponential`` and ``aten::uniform`` (PhiMoE's router noise;
-  training exports only: ORT ``ATen`` nodes drawing from torch's generator).
+  training exports only: ORT ``ATen`` nodes drawing from torch's generator);
+- :mod:`.scatter`: ``aten::scatter``'s ``reduce=`` forms (exact, or refused where a gradient could be
+  asked), and a bool fill value made traceable (DeepSeek-V3.2's indexer mask);
+- :mod:`.solve_triangular`: ``aten::linalg_solve_triangular`` (gated delta-net layers; training
+  exports only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -43,7 +47,9 @@ import threading
 import torch
 
 from . import grouped_mm as _grouped_mm
+from . import scatter as _scatter
 from . import softplus as _softplus
+from . import solve_triangular as _solve_triangular
 from .attention import sdpa
 from .bias_gelu import gelu
 from .chunk import constant_chunk
@@ -69,6 +75,7 @@ SYMBOLICS = {
     "aten::rms_norm": rms_norm_onnx,
     "aten::softplus": _softplus.softplus,
     "aten::_convolution_mode": convolution_mode,
+    "aten::scatter": _scatter.scatter,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
@@ -81,10 +88,11 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::_grouped_mm": _grouped_mm.grouped_mm,
     "aten::exponential": exponential,
     "aten::uniform": uniform,
+    "aten::linalg_solve_triangular": _solve_triangular.linalg_solve_triangular,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS}
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
@@ -129,5 +137,6 @@ def register_training_symbolics(opset_version: int) -> None:
             for name, fn in SYMBOLICS.items():
                 torch.onnx.register_custom_op_symbolic(name, fn, opset_version)
             _DONE.add(opset_version)
+        _scatter.install_bool_value_fix()
         if not _ort_done:
             _ort_done = _register_with_ort()
