@@ -50,9 +50,11 @@ def checkpoint_problem(path: str | Path) -> str | None:
     """Why ``path`` cannot be resumed from, or None when it is intact.
 
     The Trainer writes trainer_state.json last, so a save that was interrupted has no readable
-    state file. Files damaged afterwards (truncated or overwritten) are found by reading what
-    can be checked cheaply: every safetensors header against the file size, and the CRCs of the
-    zip archives torch.save writes (optimizer, scheduler, RNG states, training args).
+    state file. Files damaged afterwards (truncated, or overwritten where their structure is) are
+    found from headers and sizes only, never by reading the tensors (tens of GB of optimizer state
+    on a large model): every safetensors header against the file size, and in the zip archives
+    torch.save writes (optimizer, scheduler, RNG states, training args) the central directory and
+    each member's local header and extent. Bytes changed inside a tensor's data are not looked for.
     """
     path = Path(path)
     try:
@@ -77,15 +79,28 @@ def _file_problem(file: Path) -> str | None:
         elif file.suffix in (".pt", ".pth", ".bin") and file.stat().st_size:
             if not zipfile.is_zipfile(file):
                 return "not a torch.save archive: truncated or overwritten"
-            with zipfile.ZipFile(file) as archive:
-                bad = archive.testzip()
-            if bad:
-                return f"CRC mismatch in {bad}"
+            return _zip_structure_problem(file)
         elif file.suffix == ".json":
             with open(file) as f:
                 json.load(f)
     except Exception as exc:  # safetensors raises its own error type
         return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _zip_structure_problem(file: Path) -> str | None:
+    """A member of a zip archive whose local header is not where the central directory says, or
+    whose data would run past the end of the file; None when every member is in place."""
+    size = file.stat().st_size
+    with zipfile.ZipFile(file) as archive, open(file, "rb") as raw:
+        for info in archive.infolist():
+            raw.seek(info.header_offset)
+            header = raw.read(30)
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                return f"the header of {info.filename} is overwritten"
+            name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+            if info.header_offset + 30 + name_len + extra_len + info.compress_size > size:
+                return f"{info.filename} runs past the end of the file: truncated"
     return None
 
 
@@ -116,17 +131,21 @@ class CheckpointWriteError(OSError):
 
 
 @contextlib.contextmanager
-def unfinished_checkpoint_guard(output_dir: str, current_step):
+def unfinished_checkpoint_guard(output_dir: str, current_step, writes_checkpoints: bool):
     """Around ``Trainer.train``: when training stops on an error and ``checkpoint-<current step>``
-    is there but incomplete, the error came from writing it (full or read-only disk). It is
-    removed (never complete, and on a full disk its bytes are what the user needs back) and the
-    error is re-raised as one message naming the intact checkpoint. Complete checkpoints are
-    never touched; any other error passes through unchanged."""
+    is there but incomplete, the error came from writing it (full or read-only disk). The process
+    that writes checkpoints (``writes_checkpoints``: ``args.should_save``) removes it, and only if
+    this run created it (never complete, and on a full disk its bytes are what the user needs
+    back); the error is re-raised as one message naming the intact checkpoint. Other ranks, folders
+    that were there before the run and complete checkpoints are never touched; any other error
+    passes through unchanged."""
+    before = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else set()
     try:
         yield
     except Exception as exc:  # torch.save and safetensors report a full disk as RuntimeError / SafetensorError
         folder = Path(output_dir) / f"checkpoint-{current_step()}"
-        if not folder.is_dir() or is_complete_checkpoint(folder):
+        if (not writes_checkpoints or folder.name in before or not folder.is_dir()
+                or is_complete_checkpoint(folder)):
             raise
         try:
             free_mb = shutil.disk_usage(output_dir).free / 2**20

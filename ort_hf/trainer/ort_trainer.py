@@ -102,7 +102,7 @@ class ORTTrainerMixin:
         # which checkpoint is intact and how to resume.
         self._ort_facts_due = not resume_from_checkpoint
         self._ort_new_train_call = True
-        with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step):
+        with unfinished_checkpoint_guard(self.args.output_dir, lambda: self.state.global_step, self.args.should_save):
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         profile = self._ort_engine_module.end_profiling() if self._ort_engine_module is not None else None
         if profile:

@@ -65,22 +65,26 @@ def two_checkpoints(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("damage", ["truncated model", "flipped optimizer bytes", "empty rng state"])
+@pytest.mark.parametrize("damage", ["truncated model", "overwritten optimizer header", "truncated optimizer",
+                                    "empty rng state"])
 def test_damaged_checkpoint_files_are_found(two_checkpoints, tmp_path, damage):
     import shutil
 
     ckpt = tmp_path / "checkpoint-4"
     shutil.copytree(two_checkpoints / "checkpoint-4", ckpt)
     assert checkpoint_problem(ckpt) is None  # intact as the Trainer wrote it
-    name = {"truncated model": "model.safetensors", "flipped optimizer bytes": "optimizer.pt",
-            "empty rng state": "rng_state.pth"}[damage]
+    name = {"truncated model": "model.safetensors", "overwritten optimizer header": "optimizer.pt",
+            "truncated optimizer": "optimizer.pt", "empty rng state": "rng_state.pth"}[damage]
     target = ckpt / name
     data = bytearray(target.read_bytes())
-    if damage == "truncated model":
+    if damage.startswith("truncated"):
         data = data[: len(data) // 2]
-    elif damage == "flipped optimizer bytes":
-        middle = len(data) // 2
-        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    elif damage == "overwritten optimizer header":
+        import zipfile
+
+        with zipfile.ZipFile(target) as archive:  # the last member's local header, found by the directory
+            offset = archive.infolist()[-1].header_offset
+        data[offset:offset + 64] = bytes(b ^ 0xFF for b in data[offset:offset + 64])
     else:
         data = bytearray(b"\0" * 16)
     target.write_bytes(bytes(data))
@@ -100,3 +104,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_named_when_asked_for(two_che
     resumed = _trainer(out, 6)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 6 and resumed.ort_engine_status().backend == "ort"
+
+
+@pytest.mark.parametrize("writer, existed, removed", [(True, False, True), (False, False, False), (True, True, False)],
+                         ids=["writer-own-folder", "other-rank", "folder-from-before"])
+def test_only_the_writer_removes_an_unfinished_checkpoint_it_started(tmp_path, writer, existed, removed):
+    from ort_hf.trainer.checks import CheckpointWriteError, unfinished_checkpoint_guard
+
+    folder = tmp_path / "checkpoint-6"
+    if existed:
+        folder.mkdir()
+    raised = CheckpointWriteError if removed else OSError
+    with pytest.raises(raised):
+        with unfinished_checkpoint_guard(str(tmp_path), lambda: 6, writes_checkpoints=writer):
+            folder.mkdir(exist_ok=True)
+            (folder / "model.safetensors").write_bytes(b"partial")  # no trainer_state.json: unfinished
+            raise OSError(28, "No space left on device")
+    assert folder.exists() is not removed
