@@ -19,11 +19,12 @@ OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, 
 
 def _tiny(name):
     torch.manual_seed(0)
-    size = dict(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-                pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
-                dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                encoder_layerdrop=0.0, decoder_layerdrop=0.0)  # no random draws: the runs compare step by step
+    size = {"vocab_size": 64, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 64,
+            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2,
+            # no random draws (dropout, LayerDrop): the two runs are compared step by step
+            "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+            "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0}
     if name == "blenderbot-small":
         return tf.BlenderbotSmallForConditionalGeneration(tf.BlenderbotSmallConfig(**size))
     return tf.M2M100ForConditionalGeneration(tf.M2M100Config(**size))
