@@ -42,6 +42,8 @@ import threading
 
 import torch
 
+from . import bitwise as _bitwise
+from . import expm1 as _expm1
 from . import grouped_mm as _grouped_mm
 from . import softplus as _softplus
 from .attention import sdpa
@@ -81,10 +83,11 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::_grouped_mm": _grouped_mm.grouped_mm,
     "aten::exponential": exponential,
     "aten::uniform": uniform,
+    **_bitwise.SYMBOLICS, "aten::expm1": _expm1.expm1,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS}
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_expm1.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
