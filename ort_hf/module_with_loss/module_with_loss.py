@@ -112,10 +112,18 @@ class ModuleWithLoss(nn.Module):
     def with_decoder_inputs(self, inputs: dict, labels: torch.Tensor) -> dict:
         """``inputs`` plus the decoder inputs an encoder-decoder model derives from its labels
         (the shifted labels), since the cross-entropy calls the model without them."""
-        prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
-        if prepare is None or "decoder_input_ids" in inputs or "decoder_inputs_embeds" in inputs:
+        if "decoder_input_ids" in inputs or "decoder_inputs_embeds" in inputs:
             return inputs
-        return {**inputs, "decoder_input_ids": prepare(labels=labels)}
+        prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
+        if prepare is not None:
+            return {**inputs, "decoder_input_ids": prepare(labels=labels)}
+        if _derives_decoder_inputs_in_forward(self.model):
+            # Blenderbot, M2M100, NLLB-MoE, SeamlessM4T's text-to-text... shift their labels inside
+            # forward and have no prepare method (so DataCollatorForSeq2Seq adds no decoder inputs
+            # either): they get the labels, as under the Trainer. The loss they then compute
+            # from them is not returned, so the export's dead-code pass drops it from the graph.
+            return {**inputs, "labels": labels}
+        return inputs
 
     def token_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Labels as the loss sees them: flattened, shifted for a causal LM."""
@@ -202,6 +210,18 @@ def missing_labels_error(batch) -> ValueError:
         f"none (keys: {', '.join(sorted(batch))}). Add labels to the dataset / collator, set label_names if "
         "they are called differently, or set use_module_with_loss=False."
     )
+
+
+def _derives_decoder_inputs_in_forward(model: nn.Module) -> bool:
+    """Whether ``model`` is an encoder-decoder whose forward builds its decoder inputs from ``labels``
+    (it takes both, and has no ``prepare_decoder_input_ids_from_labels`` to build them apart)."""
+    import inspect
+
+    inner = base_model(model)
+    if not getattr(getattr(inner, "config", None), "is_encoder_decoder", False):
+        return False
+    params = inspect.signature(inner.forward).parameters
+    return "labels" in params and "decoder_input_ids" in params
 
 
 def _is_causal_lm(model: nn.Module) -> bool:

@@ -46,6 +46,8 @@ import threading
 
 import torch
 
+from . import bitwise as _bitwise
+from . import expm1 as _expm1
 from . import grouped_mm as _grouped_mm
 from . import scatter as _scatter
 from . import softplus as _softplus
@@ -89,10 +91,11 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::exponential": exponential,
     "aten::uniform": uniform,
     "aten::linalg_solve_triangular": _solve_triangular.linalg_solve_triangular,
+    **_bitwise.SYMBOLICS, "aten::expm1": _expm1.expm1,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS}
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS, **_expm1.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
