@@ -30,7 +30,11 @@ calls once per ONNX opset before the first export:
 - :mod:`.scatter`: ``aten::scatter``'s ``reduce=`` forms (exact, or refused where a gradient could be
   asked), and a bool fill value made traceable (DeepSeek-V3.2's indexer mask);
 - :mod:`.solve_triangular`: ``aten::linalg_solve_triangular`` (gated delta-net layers; training
-  exports only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table).
+  exports only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
+- :mod:`.expm1`: ``aten::expm1`` (training exports only: torch's own kernel in an ORT ``ATen``
+  node, with its gradient entered into ORT's gradient table);
+- :mod:`.bitwise`: ``aten::bitwise_and`` / ``or`` / ``xor`` (training exports only: ONNX ``And`` /
+  ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
