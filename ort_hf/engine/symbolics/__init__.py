@@ -26,7 +26,9 @@ calls once per ONNX opset before the first export:
 - :mod:`.grouped_mm`: ``aten::_grouped_mm`` (transformers' grouped experts; training exports
   only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
 - :mod:`.random_draws`: ``aten::exponential`` and ``aten::uniform`` (PhiMoE's router noise;
-  training exports only: ORT ``ATen`` nodes drawing from torch's generator).
+  training exports only: ORT ``ATen`` nodes drawing from torch's generator);
+- :mod:`.repeat_interleave`: ``aten::repeat_interleave``, whose torch symbolic rewrote the traced
+  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -53,6 +55,7 @@ from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
 from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
+from .repeat_interleave import repeat_interleave
 from .rms_norm import rms_norm, rms_norm_onnx
 
 _DONE: set[int] = set()
@@ -69,6 +72,7 @@ SYMBOLICS = {
     "aten::rms_norm": rms_norm_onnx,
     "aten::softplus": _softplus.softplus,
     "aten::_convolution_mode": convolution_mode,
+    "aten::repeat_interleave": repeat_interleave,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
