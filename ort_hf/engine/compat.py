@@ -275,6 +275,26 @@ def _bridge_padding_elimination() -> None:
     _patch(GEM, "_initialize_graph_builder", wrap)
 
 
+def _bridge_identity_casts() -> None:
+    # ORT 1.19.2 bug: PropagateCastOps' RemoveUnnecessaryCasts throws "Argument mismatch when
+    # removing edge" on a Cast to its input's own type whose output one node reads twice
+    # (DeepSeek-V4: x.float().square()). Such casts leave the exported forward before ORT builds
+    # on it (identity_casts.py). Can go with ORTModule.
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    from .identity_casts import drop_identity_casts
+
+    def wrap(original):
+        def post_export_process(*args, **kwargs):
+            info = original(*args, **kwargs)
+            drop_identity_casts(info._post_export_processed_model)
+            return info
+
+        return post_export_process
+
+    _patch(GTM, "_post_export_process", wrap, static=True)
+
+
 def _bridge_shape_inference_non_finite() -> None:
     # ORT 1.19.2 bug: its symbolic shape inference (tools/symbolic_shape_infer.py) carries small
     # constants along (Cast, Concat, Squeeze, ...) as shape data and converts each to a Python int
@@ -348,4 +368,5 @@ def apply_ort_bridges() -> None:
         _bridge_frozen_parameters()
         _bridge_padding_elimination()
         _bridge_shape_inference_non_finite()
+        _bridge_identity_casts()
         _ort_done = True

@@ -34,7 +34,9 @@ calls once per ONNX opset before the first export:
 - :mod:`.expm1`: ``aten::expm1`` (training exports only: torch's own kernel in an ORT ``ATen``
   node, with its gradient entered into ORT's gradient table);
 - :mod:`.bitwise`: ``aten::bitwise_and`` / ``or`` / ``xor`` (training exports only: ONNX ``And`` /
-  ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it).
+  ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it);
+- :mod:`.repeat_interleave`: ``aten::repeat_interleave``, whose torch symbolic rewrote the traced
+  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -65,6 +67,7 @@ from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
 from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
+from .repeat_interleave import repeat_interleave
 from .rms_norm import rms_norm, rms_norm_onnx
 
 _DONE: set[int] = set()
@@ -82,6 +85,7 @@ SYMBOLICS = {
     "aten::softplus": _softplus.softplus,
     "aten::_convolution_mode": convolution_mode,
     "aten::scatter": _scatter.scatter,
+    "aten::repeat_interleave": repeat_interleave,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
