@@ -47,6 +47,7 @@ import threading
 import torch
 
 from . import grouped_mm as _grouped_mm
+from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
 from . import softplus as _softplus
 from . import solve_triangular as _solve_triangular
@@ -92,7 +93,8 @@ TRAINING_ONLY_SYMBOLICS = {
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS}
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS,
+             **_packed_sequences.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
