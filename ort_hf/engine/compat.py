@@ -248,6 +248,42 @@ def _bridge_frozen_parameters() -> None:
     _patch(GTM, "_export_model", wrap, static=True)
 
 
+def _bridge_post_export_repairs() -> None:
+    # Two ORT 1.19.2 gradient-builder failures, repaired on the post-export model before ORT
+    # builds the gradient graph (graph_repairs.py says why each rewrite is exact):
+    # (a) PropagateCastOps fails to remove a Cast to the type its input has when its output feeds
+    #     one node twice ("Argument mismatch when removing edge", graph.cc:1591: gated delta-net
+    #     layers' l2norm); such casts are dropped here;
+    # (b) a trainable parameter with no differentiable path to the outputs (a sparse-attention
+    #     indexer's weights, read only through TopK indices) aborts the build ("Cannot compute the
+    #     partial derivative ... unreachable"); it is left out of what ORT differentiates, so its
+    #     .grad stays None as in PyTorch. Only the post-processed list changes: the exported one
+    #     stays what _reprocess_check compares with (recheck_trainable). Can go with ORTModule.
+    import torch
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
+
+    from .graph_repairs import drop_noop_casts, unreachable_parameters
+
+    def wrap(original):
+        def post_export_process(**kwargs):
+            info = original(**kwargs)
+            model = info._post_export_processed_model
+            drop_noop_casts(model)
+            if kwargs["export_mode"] == torch.onnx.TrainingMode.TRAINING:
+                parameters = {name for name, _ in kwargs["flatten_module"].named_parameters()}
+                required = info.onnx_graph_input_names_require_grad
+                unreachable = set(unreachable_parameters(model, [n for n in required if n in parameters]))
+                if unreachable:
+                    info.onnx_graph_input_names_require_grad = [n for n in required if n not in unreachable]
+                    kwargs["logger"].info("ort_hf: no gradient path from the outputs to %s: their .grad stays None, "
+                                          "as in PyTorch.", ", ".join(sorted(unreachable)))
+            return info
+
+        return post_export_process
+
+    _patch(GTM, "_post_export_process", wrap, static=True)
+
+
 def _bridge_padding_elimination() -> None:
     # ORT 1.19.2's padding elimination (graph transformer and kernels) is in its CUDA build only.
     # The exported forward graph is rewritten here, before ORT builds the gradient graph from it,
@@ -273,26 +309,6 @@ def _bridge_padding_elimination() -> None:
         return initialize_graph_builder
 
     _patch(GEM, "_initialize_graph_builder", wrap)
-
-
-def _bridge_identity_casts() -> None:
-    # ORT 1.19.2 bug: PropagateCastOps' RemoveUnnecessaryCasts throws "Argument mismatch when
-    # removing edge" on a Cast to its input's own type whose output one node reads twice
-    # (DeepSeek-V4: x.float().square()). Such casts leave the exported forward before ORT builds
-    # on it (identity_casts.py). Can go with ORTModule.
-    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
-
-    from .identity_casts import drop_identity_casts
-
-    def wrap(original):
-        def post_export_process(*args, **kwargs):
-            info = original(*args, **kwargs)
-            drop_identity_casts(info._post_export_processed_model)
-            return info
-
-        return post_export_process
-
-    _patch(GTM, "_post_export_process", wrap, static=True)
 
 
 def _bridge_shape_inference_non_finite() -> None:
@@ -366,7 +382,7 @@ def apply_ort_bridges() -> None:
         _bridge_sparsity_switches()
         _bridge_mem_efficient_grad_device()
         _bridge_frozen_parameters()
+        _bridge_post_export_repairs()
         _bridge_padding_elimination()
         _bridge_shape_inference_non_finite()
-        _bridge_identity_casts()
         _ort_done = True

@@ -1,4 +1,4 @@
-"""Casts to their input's own type (``engine/identity_casts.py``): ORT 1.19.2's ``PropagateCastOps``
+"""Casts to their input's own type (``engine/graph_repairs.py``): ORT 1.19.2's ``PropagateCastOps``
 failed the graph build ("Argument mismatch when removing edge") on ``x.float().square()`` of a float
 ``x`` (DeepSeek-V4's unweighted RMSNorm). Forward and gradient through ORT (fallback disabled)
 against PyTorch; the casts that change a type stay."""

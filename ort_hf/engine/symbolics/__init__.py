@@ -55,6 +55,7 @@ import torch
 from . import bitwise as _bitwise
 from . import expm1 as _expm1
 from . import grouped_mm as _grouped_mm
+from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
 from . import softplus as _softplus
 from . import solve_triangular as _solve_triangular
@@ -103,7 +104,8 @@ TRAINING_ONLY_SYMBOLICS = {
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS, **_expm1.GRADIENTS}
+GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS, **_expm1.GRADIENTS,
+             **_packed_sequences.GRADIENTS}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"

@@ -10,6 +10,13 @@
     which only accepts int32/int64/uint32/uint64/float/double: the same packed-sequence code
     does ``(position_diff != 1).cumsum(-1)`` on a bool tensor. torch promotes integral and
     bool inputs to int64; so does this symbolic.
+``CumSum``'s gradient
+    ORT 1.19.2 has none ("ORT has no gradient for ONNX op CumSum": gated delta-net layers'
+    ``decay.cumsum``). Registered below: the gradient of an inclusive forward cumulative sum is
+    the reverse cumulative sum of ``dY`` along the same axis. It holds for the ``CumSum`` nodes
+    exported graphs carry, which come from :func:`cumsum` (torch's own symbolic is replaced) and
+    never set ``exclusive`` or ``reverse``. Can go when ORT has a CumSum gradient (never, upstream
+    is frozen).
 """
 
 from __future__ import annotations
@@ -62,3 +69,14 @@ def cumsum(g, self, dim, dtype=None):
     src = scalar_type(self)
     x = self if src == target else g.op("Cast", self, to_i=target.onnx_type())
     return g.op("CumSum", x, const(g, dim, torch.int64))
+
+
+def cumsum_gradient():
+    """ORT gradient definition of ONNX ``CumSum`` (``_custom_gradient_registry``'s format); the axis
+    ``I(1)`` is an integer, which ORT never differentiates."""
+    return [
+        ("CumSum", ["GO(0)", "I(1)"], ["GI(0)"], {"reverse": {"value": 1, "dtype": "int"}}),
+    ]
+
+
+GRADIENTS = {("", "CumSum"): cumsum_gradient}

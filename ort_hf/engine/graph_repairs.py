@@ -1,0 +1,116 @@
+"""Rewrites of the exported forward graph that ORT 1.19.2's gradient graph builder needs.
+
+Both run on the post-export model, before ORT builds the gradient graph from it
+(``compat._bridge_post_export_repairs``); both go with ORTModule.
+
+- :func:`drop_noop_casts`: a ``Cast`` to the type its input already has (``x.to(torch.float32)``
+  of a float32 ``x``, as in transformers' ``torch_chunk_gated_delta_rule``) is an identity. ORT's
+  PropagateCastOps removes such casts itself, but when the cast's output feeds one node on two
+  inputs (``Mul(y, y)``, an l2 norm) its edge removal fails: ``graph.cc:1591 Argument mismatch
+  when removing edge``. Removed here, the consumers read the input directly: the same values.
+- :func:`unreachable_parameters`: a parameter that reaches the outputs only through integer values
+  (the indices of a ``TopK`` or ``ArgMax``, a sparse-attention indexer) has no gradient in PyTorch
+  (its ``.grad`` stays None); ORT refuses to build the gradient graph for it ("Cannot compute the
+  partial derivative ... unreachable from the output node(s)").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import onnx
+
+# The element types ORT differentiates through (gradient_graph_builder.h, GRAD_ALLOWED_TYPES).
+_DIFFERENTIABLE = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                   onnx.TensorProto.DOUBLE}
+
+
+def _element_types(graph: onnx.GraphProto) -> dict[str, int]:
+    types = {init.name: init.data_type for init in graph.initializer}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
+def _subgraph_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node inside a subgraph (If, Loop, Scan) reads or writes."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                for inner in sub.node:
+                    names.update(inner.input)
+                    names.update(inner.output)
+                names |= _subgraph_names(sub)
+    return names
+
+
+def drop_noop_casts(model: onnx.ModelProto) -> int:
+    """Remove, in place, every top-level ``Cast`` whose input already has the target element type
+    (known from the model's value infos); return how many. A cast whose output is a graph output
+    stays (its name is the output's)."""
+    graph = model.graph
+    types = _element_types(graph)
+    outputs = {o.name for o in graph.output}
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        for i, name in enumerate(node.input):  # an earlier removal renames what later nodes read
+            if name in renamed:
+                node.input[i] = renamed[name]
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if (node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output[0] not in outputs
+                and to is not None and types.get(node.input[0]) == to):
+            renamed[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    if not renamed:
+        return 0
+    # Subgraphs may read a removed cast's output from the outer scope.
+    stack = [attr for node in kept for attr in node.attribute]
+    while stack:
+        attr = stack.pop()
+        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in sub.node:
+                for i, name in enumerate(inner.input):
+                    if name in renamed:
+                        inner.input[i] = renamed[name]
+                stack.extend(inner.attribute)
+    del graph.node[:]
+    graph.node.extend(kept)
+    infos = [v for v in graph.value_info if v.name not in renamed]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    return len(renamed)
+
+
+def unreachable_parameters(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """Those of ``names`` (graph inputs) from which no differentiable path reaches a graph output.
+
+    The walk goes back from the outputs' producers over the inputs of the nodes it reaches, and
+    stops only at values of a known element type ORT does not differentiate (integers, bools), as
+    ORT's own walk does (GradientGraphBuilder::ReverseBFSWithStopGradient). ORT also stops at some
+    float edges (a Pow's exponent, a Dropout's ratio) and at values of unknown type: those are
+    crossed here, so a name returned here is unreachable for ORT too; one ORT still refuses is
+    refused loudly, as before, never silently left without a gradient. A name read inside a
+    subgraph is always kept."""
+    graph = model.graph
+    types = _element_types(graph)
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    queue = deque(producer[o.name] for o in graph.output if o.name in producer)
+    reached = set(queue)
+    while queue:
+        node = graph.node[queue.popleft()]
+        for name in node.input:
+            if not name or name not in producer or types.get(name, onnx.TensorProto.FLOAT) not in _DIFFERENTIABLE:
+                continue
+            index = producer[name]
+            if index not in reached:
+                reached.add(index)
+                queue.append(index)
+    read_by_reached = {name for i in reached for name in graph.node[i].input}
+    read_by_reached |= _subgraph_names(graph)
+    read_by_reached |= {o.name for o in graph.output}  # a parameter returned as is
+    return [name for name in names if name not in read_by_reached]
