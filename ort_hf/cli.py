@@ -1,5 +1,5 @@
-"""The `ort-hf` command: `ort-hf doctor` checks that the engine can train on this machine; `bench`,
-`report` and `sweep` measure it."""
+"""The `ort-hf` command: `ort-hf doctor` checks that the engine can train on this machine, `env` prints
+what a bug report needs; `bench`, `report` and `sweep` measure it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ort-hf", description="ort_hf: Hugging Face training on ONNX Runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="versions, extensions (built when missing) and a one-step training check")
+    sub.add_parser("env", help="versions, ORT build, extension and cache paths: one block for a bug report")
     report = sub.add_parser("report", help="PNG charts and a markdown summary from Trainer output dirs")
     report.add_argument("run_dirs", nargs="+", help="one or more Trainer output dirs (e.g. an ORT and a PyTorch run)")
     report.add_argument("--out", default=None, help="where to write (default: <first run>/report)")
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("bench", "report"):
         try:
-            import datasets  # noqa: F401
+            if args.command == "bench":
+                import datasets  # noqa: F401
             import matplotlib  # noqa: F401
         except ImportError as exc:
             print(f"ort-hf {args.command} needs the bench extra: pip install 'ort_hf[bench]' ({exc})", file=sys.stderr)
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import run_doctor
 
         return run_doctor()
+    if args.command == "env":
+        from .env_report import print_env
+
+        return print_env()
     if args.command == "report":
         from .report import render_report
 

@@ -21,3 +21,14 @@ def test_an_untested_version_is_named_with_its_pin():
 def test_local_build_tags_and_absent_extras_pass():
     assert untested({"torch": "2.13.0+cpu"}, REQUIREMENTS) == []
     assert untested({"peft": "0.20.0"}, REQUIREMENTS)[0].startswith("peft 0.20.0 is outside")
+
+
+def test_env_prints_one_block_for_a_bug_report(capsys):
+    from ort_hf.cli import main
+
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ort-hf env\n")
+    for name in ("torch", "transformers", "onnxruntime-training-cpu", "ORT build", "extension cache"):
+        assert f"\n  {name} " in out
+    assert "(tested: " in out
