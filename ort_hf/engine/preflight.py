@@ -246,6 +246,20 @@ def _max_positions(module: nn.Module) -> int | None:
 _RANDOMNESS = ("dropout", "drop_prob", "_drop", "layerdrop", "noise", "jitter")
 
 
+def refuse_layer_drop(module: nn.Module) -> None:
+    """Raise when ``module`` skips layers at random in training (LayerDrop: ``if rand < layerdrop:
+    continue`` in Python, which transformers' M2M100, NLLB, Wav2Vec2... read from their config):
+    ORT traces forward once, so its graph would keep or skip the same layers at every step."""
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
+    active = sorted({key for owner in (*module.modules(), *configs.values()) for key, value in vars(owner).items()
+                     if isinstance(value, float) and value > 0 and ("layerdrop" in key or "layer_drop" in key)})
+    if active:
+        raise NotImplementedError(
+            f"LayerDrop is on ({', '.join(active)} > 0): it skips layers at random in Python, and ORT traces forward "
+            "once, so its graph would skip the same layers at every step. Set them to 0 in the model's config "
+            "(e.g. model.config.encoder_layerdrop = 0.0 before building the model), or train with --use_ort false")
+
+
 @contextlib.contextmanager
 def _dropout_off(module: nn.Module):
     """Every source of training randomness at 0 for the block: ``nn.Dropout`` modules, and float

@@ -22,7 +22,7 @@ from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_
 from .padding import trim_trailing_padding
 from .padding_elimination import padding_unread, worth_eliminating
 from .precision import check_precision
-from .preflight import run_preflight
+from .preflight import refuse_layer_drop, run_preflight
 from .proven import model_class_name
 from .runtime import EngineState, ensure_engine, register_symbolics
 from .session_inspection import TrainingSessionInspection
@@ -192,6 +192,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         """Say which rewrites run and why, and run the pre-flight where it is wanted."""
         settings, name = self._settings, model_class_name(self.module)
         self._run.checked = True
+        refuse_layer_drop(self.module)
         unproven, line = rewrites_line(name, settings, self._record.kernel_swaps)
         (logger.warning if unproven else logger.info)("%s", line)
         if not settings.preflight:

@@ -114,3 +114,24 @@ def test_model_class_is_read_through_wrappers_and_unproven_defaults_are_off():
     forced = WrapSettings.of(mine, ORTOptions(trim_padding=True, eliminate_padding=True, preflight="never"),
                              ensure_engine())
     assert not forced.preflight and forced.trim_padding and forced.eliminate_padding
+
+
+@pytest.mark.parametrize("fallback", ["disable", "auto"])
+def test_layer_drop_is_refused_before_its_trace_fixes_the_skipped_layers(fallback, caplog):
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    from ort_hf.engine import ORTFallbackError, ORTOptions, wrap_model
+
+    config = M2M100Config(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                          encoder_layerdrop=0.5, decoder_layerdrop=0.0, dropout=0.0)
+    wrapped = wrap_model(M2M100ForConditionalGeneration(config), ORTOptions(fallback=fallback, log_level="ERROR"))
+    wrapped.train()
+    ids = torch.randint(4, 64, (2, 6))
+    if fallback == "disable":
+        with pytest.raises(ORTFallbackError, match="encoder_layerdrop"):
+            wrapped(input_ids=ids, labels=ids)
+    else:
+        wrapped(input_ids=ids, labels=ids).loss.backward()  # PyTorch trains it, after one warning
+        status = wrapped.engine_status()
+        assert status.backend == "pytorch" and "LayerDrop" in status.fallback_reason and status.export_count == 0
