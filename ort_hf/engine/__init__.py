@@ -31,10 +31,12 @@ _LAZY = {
     "describe_jit_environment": "cuda_jit",
     "first_step_note": "cuda_jit",
     "find_length_constants": "length_check",
+    "loss_as_trainer_returns": "compat",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
+    from .compat import loss_as_trainer_returns
     from .cuda import CudaSetup, cuda_setup, gpu_arch_note
     from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
     from .export import INFERENCE_OPSET, export_inference_onnx

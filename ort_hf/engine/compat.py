@@ -5,6 +5,10 @@ Each bridge says what moved, in which torch version, and when it can go. Bridges
 applied once, by :func:`apply_torch_bridges` (before ORTModule is imported) and
 :func:`apply_ort_bridges` (right after), on first use of the engine, never on
 ``import ort_hf``. None changes what code outside an ORTModule export sees.
+
+The one piece of transformers that ORTTrainer re-states rather than calls, the parent's handling
+of a computed loss (:func:`loss_as_trainer_returns`), is here too, so a version bump is checked
+in one file.
 """
 
 from __future__ import annotations
@@ -386,3 +390,23 @@ def apply_ort_bridges() -> None:
         _bridge_padding_elimination()
         _bridge_shape_inference_non_finite()
         _ort_done = True
+
+
+# --- transformers' Trainer ----------------------------------------------------------------------
+# ORTTrainer computes Trainer.compute_loss's loss in the engine (ModuleWithLoss); what the parent
+# does to that loss afterwards is mirrored here, from the transformers the package is capped at.
+
+
+def loss_as_trainer_returns(trainer, loss, num_items_in_batch):
+    """``loss`` (the model's, the label smoother's or ``compute_loss_func``'s) after what
+    ``Trainer.compute_loss`` of transformers 5.23-5.24 does to it: when the tokens are averaged
+    across devices, ``num_items_in_batch`` is the whole world's count, so each rank's loss is scaled
+    by the processes that share it (tensor-parallel ranks see one batch) or by the GPUs of a
+    DataParallel. Recheck against the parent when the transformers cap moves: 4.x scaled by
+    ``num_processes`` alone, and 5.x reads ``get_tp_size``."""
+    if (trainer.args.average_tokens_across_devices
+            and (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func)
+            and num_items_in_batch is not None):
+        scale = trainer.accelerator.num_processes // trainer.get_tp_size()
+        loss = loss * (scale if trainer.args.n_gpu <= 1 else trainer.args.n_gpu)
+    return loss

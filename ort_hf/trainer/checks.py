@@ -46,6 +46,19 @@ def check_token_ids(inputs: dict, vocab_size: int | None) -> None:
         )
 
 
+def warn_if_not_finite(loss: torch.Tensor, labels, step: int) -> None:
+    """Warn of a NaN or infinite loss at ``step``, with the likely cause when every label is ignored."""
+    if torch.isfinite(loss.detach()).all():
+        return
+    why = ""
+    if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and bool((labels == -100).all()):
+        why = (" Every label of this batch is -100 (ignored): a mean over no labelled token is NaN, in "
+               "PyTorch as in ORT; drop such rows (e.g. truncation that cut every answer token) or check "
+               "the collator's label masking.")
+    logger.warning("ort_hf: non-finite loss %s at step %d (the logged loss filters it when "
+                   "logging_nan_inf_filter is on, as the Trainer does).%s", loss.item(), step, why)
+
+
 def checkpoint_problem(path: str | Path) -> str | None:
     """Why ``path`` cannot be resumed from, or None when it is intact.
 

@@ -1,5 +1,6 @@
-"""What ORTTrainer reports once, after the first training step: ORT's recompute plans, and why
-label sparsity did not fire when it could have."""
+"""What ORTTrainer decides and reports once, on the first step of a new engine: where the loss is
+computed (before the forward, since it decides what ORT exports), and after it the graph's facts:
+ORT's recompute plans, padding removed, whether label sparsity fired and why not."""
 
 from __future__ import annotations
 
@@ -8,7 +9,81 @@ import json
 import logging
 import os
 
+import torch
+
+from ..engine import SPARSITY_THRESHOLD
+from ..module_with_loss import ModuleWithLoss
+from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
+from ..module_with_loss.loss_choice import choose_loss
+from ..module_with_loss.module_with_loss import CROSS_ENTROPY
+
 logger = logging.getLogger(__name__)
+
+
+def place_loss(module, inputs: dict, num_items_in_batch, args) -> dict[str, float]:
+    """Which loss the graph computes (``loss_choice``), and for ModuleWithLoss's cross-entropy,
+    inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits; the facts to log.
+
+    ORT 1.19.2's label sparsity fires below ``SPARSITY_THRESHOLD``. Above it there is
+    nothing to drop, and ORT's CPU cross-entropy over every position (its gradient kernel is
+    serial) is no faster than ``dense_cross_entropy`` in PyTorch."""
+    mode = args.ort_loss_in_graph
+    if not isinstance(module, ModuleWithLoss):
+        return {}  # TRL's fused head: its statistics are computed in the graph, on the used rows only
+    labels = inputs.get("labels")
+    choice = choose_loss(module, inputs, num_items_in_batch)
+    module.use(choice)
+    if choice.reason:
+        logger.warning("ort_hf: the model's own loss is trained, inside the ORT graph, with no label sparsity: %s.",
+                       choice.reason)
+        module.loss_in_graph = True
+    elif mode != "auto":
+        module.loss_in_graph = mode == "always"
+    elif module.loss_kind != CROSS_ENTROPY or labels.dim() < 2:
+        module.loss_in_graph = True  # sequence-level labels or a user's loss: nothing to gain outside
+    else:
+        density = module.label_density(labels)
+        module.loss_in_graph = args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
+        if not module.loss_in_graph:
+            logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first "
+                        "batch) leaves label sparsity nothing to drop (--ort_loss_in_graph always to override).",
+                        100 * density)
+    return {"ort/loss_in_graph": float(module.loss_in_graph), "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY)}
+
+
+def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, args) -> dict[str, float]:
+    """The graph's facts after the engine's first step, logged (and returned for the run's first log)."""
+    status = engine.engine_status()
+    logs = {"ort/export_s": round(status.export_seconds, 3), "ort/fallback": float(status.backend == "pytorch")}
+    logs.update(record_memory_plans(engine, args))
+    stats = engine.padding_stats
+    if stats["total_tokens"]:
+        logger.info("ort_hf: trimming trailing padding before ORT: the first batch kept %.1f%% of its token "
+                    "positions.", 100 * stats["kept_tokens"] / stats["total_tokens"])
+    rewrite = engine.padding_rewrite
+    logs["ort/padding_eliminated"] = float(rewrite is not None)
+    if rewrite is not None:
+        logger.info("ort_hf: padding elimination: %d nodes of the graph run on the real tokens only (the "
+                    "padded layout rebuilt %d times, for attention and the outputs). --ort_eliminate_padding "
+                    "false turns it off.", rewrite.unpadded_nodes, rewrite.pads)
+    if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
+        logs.update(head_rows_report(engine.training_graph(), module, head_caller))
+    if (not isinstance(module, ModuleWithLoss) or labels is None or labels.dim() < 2 or status.backend != "ort"
+            or not module.loss_in_graph or module.loss_kind != CROSS_ENTROPY):
+        return logs  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove
+    density = module.label_density(labels)  # as the loss sees them (after a causal shift)
+    fired = bool(engine.label_sparsity_fired())
+    logs.update({"ort/label_density": round(density, 4), "ort/label_sparsity": float(fired)})
+    if fired:
+        logger.warning("ort_hf: label sparsity fired: ORT computes the loss on the %.1f%% of label positions "
+                       "that are not ignored (first batch).", 100 * density)
+    elif density < SPARSITY_THRESHOLD:
+        logger.warning("ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
+                       100 * density, why_no_label_sparsity(args, status))
+    else:
+        logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below %d%%).",
+                    100 * density, 100 * SPARSITY_THRESHOLD)
+    return logs
 
 MEMORY_PLANS_FILE = "ort_memory_plans.json"
 

@@ -81,10 +81,10 @@ def main() -> None:
     assert distributed == (args.parallel_mode.value == "distributed"), args.parallel_mode
     if distributed:
         # DDP outside, the ORT engine module inside.
-        assert isinstance(trainer._ort_train_model, torch.nn.parallel.DistributedDataParallel), type(
-            trainer._ort_train_model
+        assert isinstance(trainer._ort_run.train_model, torch.nn.parallel.DistributedDataParallel), type(
+            trainer._ort_run.train_model
         )
-        assert trainer._ort_train_model.module is trainer.ort_engine
+        assert trainer._ort_run.train_model.module is trainer.ort_engine
     backend = trainer.ort_engine.engine_status().backend
     assert backend == "ort", f"rank {args.process_index}: backend {backend!r}"
     assert trainer.ort_engine.mem_efficient_grad_active() is cli.mem_efficient_grad  # read from ORT's graph

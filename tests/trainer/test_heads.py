@@ -105,7 +105,7 @@ def test_head_trains_through_ort_as_with_trainer(head, tmp_path):
     _, ref_losses, ref_params = _train(head, tmp_path / "pt", ort=False)
     trainer, losses, params = _train(head, tmp_path / "ort", ort=True)
     assert trainer.ort_engine_status().backend == "ort", trainer.ort_engine_status()
-    assert trainer._loss_module.loss_kind == HEADS[head][2]
+    assert trainer._ort_run.loss_module.loss_kind == HEADS[head][2]
     assert len(losses) == len(ref_losses) == 4
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4, (ref_losses, losses)
     for name, ref in ref_params.items():

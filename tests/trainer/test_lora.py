@@ -41,7 +41,7 @@ def test_lora_on_tiny_llama_trains_adapters_only_as_trainer_does(tmp_path):
     _, ref_losses = _train(tmp_path / "pt", False, ref_model)
     trainer, losses = _train(tmp_path / "ort", True, model)
     assert trainer.ort_engine_status().backend == "ort"
-    assert trainer._loss_module.loss_kind == "cross_entropy"  # PEFT passes labels to the model's own loss
+    assert trainer._ort_run.loss_module.loss_kind == "cross_entropy"  # PEFT passes labels to the model's own loss
     assert trainer.ort_engine.label_sparsity_fired() is True  # prompt-masked labels
     # ORT's graph computes the adapters' gradients only, none for the frozen base model
     graph_grads = graph_gradients(trainer.ort_engine)

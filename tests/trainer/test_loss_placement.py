@@ -59,7 +59,7 @@ def test_gpt2_labels_are_shifted_like_its_own_loss(tmp_path, placement):
     trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", data, family="gpt2-clm",
                                      ort_loss_in_graph=placement)
     assert trainer.ort_engine_status().backend == "ort"
-    assert trainer._loss_module.shift_labels is True
+    assert trainer._ort_run.loss_module.shift_labels is True
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
     # Adam turns float rounding in near-zero gradients into steps of up to lr (1e-3): a few
     # weights of GPT-2 land ~1e-4 apart after 6 steps. Unshifted labels move them far more.

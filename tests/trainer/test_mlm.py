@@ -89,7 +89,7 @@ def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
         trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
         runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
-    assert trainer.ort_engine_status().backend == "ort" and trainer._loss_module.loss_kind == "cross_entropy"
+    assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module.loss_kind == "cross_entropy"
     micro_counts = [sum(1 for x in row if x != -100) for row in dataset["labels"][:8]]
     assert sum(micro_counts[:4]) != sum(micro_counts[4:]), "micro batches should hold different label counts"
     (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]

@@ -77,7 +77,7 @@ def test_eval_in_ort_matches_pytorch_eval(tmp_path):
         trainer.train()
         metrics[in_ort] = trainer.evaluate()["eval_loss"]
         if in_ort:
-            assert trainer._ort_eval_module is not None and trainer._ort_eval_module.engine_status().backend == "ort"
+            assert trainer._ort_run.eval_engine is not None and trainer._ort_run.eval_engine.engine_status().backend == "ort"
     assert abs(metrics[True] - metrics[False]) <= 1e-5
 
 
