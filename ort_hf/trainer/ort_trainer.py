@@ -51,13 +51,14 @@ class ORTTrainerMixin:
         super().__init__(*args, **kwargs)
         self._ort_run = ORTRunState()
         self._fused_head = fused_head_of(self.model, self.args)  # TRL's fused LM head (SFTTrainer, DPOTrainer...)
+        # A Trainer subclass below the mixin with its own compute_loss (class weights, a focal loss,
+        # a reward model's pairwise loss) keeps it: ORT runs the model's forward and backward, the
+        # parent turns the outputs into the loss, and ModuleWithLoss (label sparsity) stays out.
         parent_loss = super().compute_loss.__func__
-        if (self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None
-                and parent_loss is not Trainer.compute_loss):
-            logger.warning("ort_hf: %s is not called on ORT training steps: ModuleWithLoss computes Trainer's loss "
-                           "in the engine. Override compute_loss in a subclass of %s instead, or pass "
-                           "use_module_with_loss=False to have it call the ORT model.", parent_loss.__qualname__,
-                           type(self).__name__)
+        self._parent_loss = None if parent_loss is Trainer.compute_loss else parent_loss.__qualname__
+        if self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None and self._parent_loss:
+            logger.info("ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
+                        "is off for it.", self._parent_loss)
         self._add_default_callbacks()
 
     def _add_default_callbacks(self) -> None:
@@ -149,9 +150,14 @@ class ORTTrainerMixin:
             return False
         wrapper = engine.module is loss_module and loss_module is not None
         target = engine.module.model if wrapper else engine.module
-        wants_wrapper = self.args.use_module_with_loss or self._fused_head is not None
+        wants_wrapper = self._loss_in_module_with_loss or self._fused_head is not None
         return (target is self.model and engine.options == options and engine.engine_status().backend == "ort"
                 and wrapper == wants_wrapper)
+
+    @property
+    def _loss_in_module_with_loss(self) -> bool:
+        """ModuleWithLoss computes Trainer's loss in the engine: asked for, and no parent's own loss."""
+        return self.args.use_module_with_loss and self._parent_loss is None
 
     def _training_target(self) -> nn.Module:
         run = self._ort_run
@@ -159,7 +165,7 @@ class ORTTrainerMixin:
             # TRL's trainer calls the model for its fused head: exported as plain ops, on the used rows only.
             run.loss_module = FusedLMHeadModule(self.model, self._fused_head)
             return run.loss_module
-        if not self.args.use_module_with_loss:
+        if not self._loss_in_module_with_loss:
             run.loss_module = None
             return self.model
         run.loss_module = ModuleWithLoss(

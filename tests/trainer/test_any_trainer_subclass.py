@@ -76,3 +76,35 @@ def test_plain_trainer_keeps_its_named_classes():
     assert ort_args_class_for(Seq2SeqTrainingArguments) is ORTSeq2SeqTrainingArguments
     with pytest.raises(TypeError, match="not a TrainingArguments"):
         ort_args_class_for(dict)
+
+
+class WeightedTrainer(Trainer):
+    """A user's own loss from the model's outputs (class weights), the common Trainer override."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        import torch
+
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = torch.nn.functional.cross_entropy(outputs.logits, labels, weight=torch.tensor([1.0, 3.0]))
+        return (loss, outputs) if return_outputs else loss
+
+
+class ORTWeightedTrainer(ORTTrainerMixin, WeightedTrainer):
+    pass
+
+
+def test_a_parents_own_compute_loss_trains_through_ort_with_its_loss(tmp_path):
+    from tiny_models import tiny_args
+
+    losses = {}
+    for name, cls, args_cls in (("plain", WeightedTrainer, TrainingArguments),
+                                ("ort", ORTWeightedTrainer, ORTTrainingArguments)):
+        extra = {"ort_fallback": "disable"} if name == "ort" else {}
+        args = tiny_args(args_cls, tmp_path / name, max_steps=3, per_device_train_batch_size=8, logging_steps=1,
+                         **extra)
+        trainer = cls(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=rule_dataset(24))
+        trainer.train()
+        losses[name] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module is None
+    assert losses["ort"] == pytest.approx(losses["plain"], abs=1e-5)
