@@ -5,33 +5,15 @@ exactly as torch's, gradients as torch's, fallback disabled and ORT proven to ha
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import pytest
 import torch
 from parity import assert_parity, run_parity
-from transformers.utils import ModelOutput
+from symbolic_cases import OPTIONS, Output, graph_ops
 
-from ort_hf.engine import ORTOptions, wrap_model
-
-OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
+from ort_hf.engine import wrap_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@dataclass
-class Output(ModelOutput):
-    loss: torch.Tensor | None = None
-    out: torch.Tensor | None = None
-    masks: tuple | None = None
-
-
-def _training_ops(wrapped) -> list[str]:
-    names = []
-    for node in wrapped.training_graph().graph.node:
-        operator = next((a.s.decode() for a in node.attribute if a.name == "operator"), None)
-        names.append(f"ATen:{operator}" if node.op_type == "ATen" else node.op_type)
-    return names
 
 
 # ---- expm1 ---------------------------------------------------------------------------------------
@@ -60,7 +42,7 @@ def test_expm1_is_torchs_to_the_bit_and_trains_as_pytorch():
     for batch in batches:
         got, want = wrapped(**batch).out, reference(**batch).out
         assert torch.equal(got, want), (got - want).abs().max()
-    assert "ATen:expm1" in _training_ops(wrapped)
+    assert "ATen:expm1" in graph_ops(wrapped)
     assert_parity(*run_parity(model, batches, OPTIONS))
 
 
@@ -102,7 +84,7 @@ def test_bitwise_ops_are_torchs_and_train_as_pytorch():
         got, want = wrapped(**batch).masks, reference(**batch).masks
         for g_mask, w_mask in zip(got, want):
             assert g_mask.dtype == w_mask.dtype and torch.equal(g_mask, w_mask), (g_mask, w_mask)
-    ops = _training_ops(wrapped)
+    ops = graph_ops(wrapped)
     # integers below opset 18 run torch's op; the booleans are ONNX And
     assert {"ATen:__or__", "ATen:__and__", "ATen:__xor__", "And"} <= set(ops), ops
     assert_parity(*run_parity(model, batches, OPTIONS))

@@ -16,26 +16,15 @@ from __future__ import annotations
 
 import copy
 import io
-from dataclasses import dataclass
 
 import pytest
 import torch
 from parity import assert_parity, run_parity
-from transformers.utils import ModelOutput
+from symbolic_cases import OPTIONS, Output, graph_ops
 
-from ort_hf.engine import ORTOptions, wrap_model
-
-# One intra-op thread (the suite shares two cores); no pre-flight: the batches below change length.
-OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
-
+from ort_hf.engine import wrap_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@dataclass
-class Output(ModelOutput):
-    loss: torch.Tensor | None = None
-    out: torch.Tensor | None = None
 
 
 class Regression(torch.nn.Module):
@@ -66,15 +55,6 @@ def _outputs_match(model, batches, atol):
         torch.testing.assert_close(wrapped(**batch).out, reference(**batch).out, rtol=0, atol=atol)
     assert wrapped.engine_status().backend == "ort"
     return wrapped
-
-
-def _graph_ops(wrapped) -> list[str]:
-    """Op types of the training graph, ATen nodes as ``ATen:<operator>``."""
-    names = []
-    for node in wrapped.training_graph().graph.node:
-        operator = next((a.s.decode() for a in node.attribute if a.name == "operator"), None)
-        names.append(f"ATen:{operator}" if node.op_type == "ATen" else node.op_type)
-    return names
 
 
 # ---- histc ---------------------------------------------------------------------------------------
@@ -145,7 +125,7 @@ def test_grouped_mm_trains_as_pytorch():
     batches = _batches(lambda i: ((13 + 6 * i, 16), (13 + 6 * i, 8)), n=4)
     result = run_parity(GroupedExperts(), batches, OPTIONS)
     assert_parity(*result)
-    ops = _graph_ops(result[-1])
+    ops = graph_ops(result[-1])
     assert ops.count("ATen:_grouped_mm") == 3, ops  # the forward, dX and dW
 
 
@@ -179,7 +159,7 @@ def test_rms_norm_trains_as_pytorch(case):
         model.inner.norm.weight.data.uniform_(0.5, 1.5)
     batches = _batches(lambda i: ((3, 5, 16), (3, 5, 16)), n=3)
     wrapped = _outputs_match(copy.deepcopy(model), batches[:1], atol=1e-5)
-    assert "SimplifiedLayerNormalization" in _graph_ops(wrapped)
+    assert "SimplifiedLayerNormalization" in graph_ops(wrapped)
     assert_parity(*run_parity(model, batches, OPTIONS))
 
 
@@ -264,7 +244,7 @@ def test_random_draws_come_from_torchs_generator():
         torch.testing.assert_close(model.lin.weight.grad, reference.lin.weight.grad, rtol=1e-5, atol=1e-6)
         model.zero_grad(), reference.zero_grad()
     assert wrapped.engine_status().backend == "ort"
-    ops = _graph_ops(wrapped)
+    ops = graph_ops(wrapped)
     assert "ATen:exponential" in ops and "ATen:uniform" in ops, ops
 
 
@@ -330,7 +310,7 @@ def test_solve_triangular_trains_as_pytorch(case):
     torch.manual_seed(0)
     result = run_parity(TriangularSolve(shape[-1], a_batch, **flags), _batches(lambda i: (shape, shape)), OPTIONS)
     assert_parity(*result)
-    ops = _graph_ops(result[-1])
+    ops = graph_ops(result[-1])
     assert ops.count("ATen:linalg_solve_triangular") == 3, ops  # the forward, dB and dA
 
 
@@ -383,7 +363,7 @@ def test_scatter_reduce_forms_train_as_pytorch(reduce):
     torch.manual_seed(0)
     result = run_parity(ScatterReduce(reduce), _batches(lambda i: ((4, 5 + i, 8), (4, 5 + i, 8))), OPTIONS)
     assert_parity(*result)
-    assert "ScatterElements" in _graph_ops(result[-1])
+    assert "ScatterElements" in graph_ops(result[-1])
 
 
 def test_scatter_reduce_on_a_trained_tensor_is_refused():

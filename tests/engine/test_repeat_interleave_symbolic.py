@@ -7,25 +7,14 @@ through ORT (fallback disabled) against PyTorch, and the plain export against on
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import pytest
 import torch
 from parity import assert_parity, run_parity
-from transformers.utils import ModelOutput
+from symbolic_cases import OPTIONS, Output
 
-from ort_hf.engine import ORTOptions
-
-# One intra-op thread (the suite shares two cores); no pre-flight: the batches below change length.
-OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@dataclass
-class Output(ModelOutput):
-    loss: torch.Tensor | None = None
-    out: torch.Tensor | None = None
 
 
 def rotate_half_interleaved(x):

@@ -38,13 +38,17 @@ def test_missing_labels_for_module_with_loss(tmp_path):
         _trainer(tmp_path, _data().remove_columns("labels")).train()
 
 
-def test_nan_loss_is_reported_with_the_step(tmp_path, caplog):
-    trainer = _trainer(tmp_path, _data(), learning_rate=1e9, max_grad_norm=0.0, logging_steps=1,
-                       ort_density_callback=False, ort_memory_callback=False)
+def _non_finite_warnings(trainer, caplog) -> list[str]:
     with caplog.at_level(logging.WARNING, logger="ort_hf"):
         trainer.train()
     assert trainer.ort_engine_status().backend == "ort"
-    said = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+
+
+def test_nan_loss_is_reported_with_the_step(tmp_path, caplog):
+    trainer = _trainer(tmp_path, _data(), learning_rate=1e9, max_grad_norm=0.0, logging_steps=1,
+                       ort_density_callback=False, ort_memory_callback=False)
+    said = _non_finite_warnings(trainer, caplog)
     assert said and "at step" in said[0]
     # As the Trainer does for PyTorch: the logged loss filters non-finite values.
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
@@ -71,10 +75,7 @@ def test_a_batch_without_labelled_tokens_says_why_its_loss_is_nan(tmp_path, capl
     data = id_dataset(16, 8, lambda ids, g: torch.full_like(ids, -100))  # every token ignored
     trainer = _trainer(tmp_path, data, model=build(FAMILIES["bert-mlm"]),
                        ort_density_callback=False, ort_memory_callback=False)
-    with caplog.at_level(logging.WARNING, logger="ort_hf"):
-        trainer.train()
-    assert trainer.ort_engine_status().backend == "ort"
-    said = [r.getMessage() for r in caplog.records if "non-finite loss" in r.getMessage()]
+    said = _non_finite_warnings(trainer, caplog)
     assert said and "Every label of this batch is -100" in said[0]
 
 
