@@ -56,29 +56,49 @@ def ort_args_class_for(config_cls: type) -> type:
 
 
 def parent_init(trainer: object, mixin: type):
-    """The ``__init__`` the mixin hands over to (the next one after ``mixin`` in ``trainer``'s MRO)."""
+    """The ``__init__`` that names the ``args`` parameter the mixin hands over to: the next one after
+    ``mixin`` in ``trainer``'s MRO, past those that pass ``*args, **kwargs`` on (a user's
+    ``def __init__(self, *args, class_weights=None, **kwargs)``). Returns it and the keyword-only
+    parameters of the ones passed (theirs, not the named one's)."""
     mro = type(trainer).__mro__
+    own: set[str] = set()
     for cls in mro[mro.index(mixin) + 1:]:
-        if "__init__" in vars(cls):
-            return vars(cls)["__init__"]
-    return object.__init__
+        init = vars(cls).get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters
+        if not _passes_args_on(parameters):
+            return init, own
+        own |= {n for n, p in parameters.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    return object.__init__, own
 
 
-def bind_trainer_arguments(init, ort_args_class: type | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _passes_args_on(parameters) -> bool:
+    kinds = [p.kind for n, p in parameters.items() if n != "self"]
+    return (inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds
+            and all(k in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+                          inspect.Parameter.KEYWORD_ONLY) for k in kinds))
+
+
+def bind_trainer_arguments(parent, ort_args_class: type | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``args`` / ``kwargs`` for the parent's ``init``, with its ``args`` parameter turned into an ORT
-    config of the parent's own class (``ort_args_class`` if the trainer names one)."""
+    config of the parent's own class (``ort_args_class`` if the trainer names one). ``parent`` is
+    :func:`parent_init`'s answer: the ``__init__`` naming ``args``, and the keyword-only parameters of
+    the subclasses between, which are passed on as given."""
+    init, own = parent
     signature = inspect.signature(init)
     if "args" not in signature.parameters:
         raise TypeError(f"ORTTrainerMixin needs a Trainer whose __init__ takes `args` (the TrainingArguments); "
                         f"{init.__qualname__} does not.")
+    theirs = {k: v for k, v in kwargs.items() if k in own}
     try:
-        bound = signature.bind(None, *args, **kwargs)  # None: self
+        bound = signature.bind(None, *args, **{k: v for k, v in kwargs.items() if k not in own})  # None: self
     except TypeError:
         return args, kwargs  # the parent raises its own error for a wrong call
     expected = parent_config_class(init)
     target = ort_args_class or ort_args_class_for(expected)
     bound.arguments["args"] = as_ort_args(bound.arguments.get("args"), target, expected)
-    return bound.args[1:], bound.kwargs
+    return bound.args[1:], {**bound.kwargs, **theirs}
 
 
 def parent_config_class(init) -> type:

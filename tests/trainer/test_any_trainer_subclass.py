@@ -108,3 +108,25 @@ def test_a_parents_own_compute_loss_trains_through_ort_with_its_loss(tmp_path):
         losses[name] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module is None
     assert losses["ort"] == pytest.approx(losses["plain"], abs=1e-5)
+
+
+class PassingOnTrainer(Trainer):
+    """The common way a user's trainer takes an option of its own and passes the rest on."""
+
+    def __init__(self, *args, class_weights=None, **kwargs):
+        self.class_weights = class_weights
+        super().__init__(*args, **kwargs)
+
+
+class ORTPassingOnTrainer(ORTTrainerMixin, PassingOnTrainer):
+    pass
+
+
+@pytest.mark.parametrize("positional", [True, False])
+def test_a_parent_that_passes_args_on_gets_its_own_options_and_an_ort_config(tmp_path, positional):
+    model, args = build(FAMILIES["bert-cls"]), TrainingArguments(output_dir=str(tmp_path), report_to=[],
+                                                                learning_rate=2e-4)
+    call = ((model, args), {}) if positional else ((), {"model": model, "args": args})
+    trainer = ORTPassingOnTrainer(*call[0], **call[1], train_dataset=rule_dataset(8), class_weights=[1.0, 3.0])
+    assert trainer.class_weights == [1.0, 3.0] and trainer.model is model
+    assert isinstance(trainer.args, ORTTrainingArguments) and trainer.args.learning_rate == 2e-4
