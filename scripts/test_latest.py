@@ -3,7 +3,8 @@ written against (``_versions.WRITTEN_AGAINST``), in the venv it runs in (.venv-l
 
 Installs ort_hf without its dependencies, then its cpu and dev requirements as pyproject.toml
 declares them, except that those libraries get no cap (the newest wins); prints each one's
-version against the tested range, and runs the tests. Outside CI: torch's default build is
+version against the tested range, and runs the tests (its arguments, if any, are pytest's instead
+of ``tests``). Outside CI: torch's default build is
 multi-GB. A pass is the evidence for raising a cap in pyproject.toml."""
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> int:
     for name, spec in tested_ranges().items():
         print(f"  {name:<13} {metadata.version(name):<12} tested {spec}")
     print("  outside the tested ranges:", "; ".join(untested()) or "none")
-    return subprocess.run([sys.executable, "-m", "pytest", "tests", *sys.argv[1:]], cwd=ROOT).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", *(sys.argv[1:] or ["tests"])], cwd=ROOT).returncode
 
 
 if __name__ == "__main__":
