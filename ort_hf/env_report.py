@@ -14,7 +14,7 @@ DISTRIBUTIONS = ("ort_hf", "torch", "transformers", "accelerate", "peft", "trl",
 
 def env_lines() -> list[tuple[str, str]]:
     from ._versions import tested_ranges
-    from .engine import cuda, extensions
+    from .engine import CACHE_ENV, cache_root, driver_present, provider_library
 
     ranges = tested_ranges()
     lines = [("python", f"{platform.python_version()} ({sys.executable})"), ("platform", platform.platform())]
@@ -24,12 +24,11 @@ def env_lines() -> list[tuple[str, str]]:
         except metadata.PackageNotFoundError:
             version = "not installed"
         lines.append((dist, version + (f" (tested: {ranges[dist]})" if dist in ranges else "")))
-    provider = cuda.provider_library()
+    provider = provider_library()
     lines.append(("ORT build", f"CUDA ({provider})" if provider else "CPU"))
-    lines.append(("NVIDIA driver", "present" if cuda.driver_present() else "none"))
-    lines.append(("extension cache", str(extensions.cache_root()) + (f" (${extensions.CACHE_ENV})"
-                                                                      if os.environ.get(extensions.CACHE_ENV) else "")))
-    builds = extensions.cache_root() / "extensions"
+    lines.append(("NVIDIA driver", "present" if driver_present() else "none"))
+    lines.append(("extension cache", str(cache_root()) + (f" (${CACHE_ENV})" if os.environ.get(CACHE_ENV) else "")))
+    builds = cache_root() / "extensions"
     for build in sorted(builds.iterdir()) if builds.is_dir() else []:
         lines.append((f"  {build.name}", ", ".join(sorted(p.name for p in build.iterdir() if p.is_dir())) or "empty"))
     lines += [(name, value) for name, value in sorted(os.environ.items())

@@ -24,9 +24,13 @@ _LAZY = {
     "LoadBalancingBatchSampler": "sampler",
     "trim_trailing_padding": "padding",
     "extension_dir": "extensions",
+    "cache_root": "extensions",
+    "CACHE_ENV": "extensions",
     "CudaSetup": "cuda",
     "cuda_setup": "cuda",
     "gpu_arch_note": "cuda",
+    "provider_library": "cuda",
+    "driver_present": "cuda",
     "apply_jit_environment": "cuda_jit",
     "describe_jit_environment": "cuda_jit",
     "first_step_note": "cuda_jit",
@@ -37,10 +41,10 @@ _LAZY = {
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .compat import loss_as_trainer_returns
-    from .cuda import CudaSetup, cuda_setup, gpu_arch_note
+    from .cuda import CudaSetup, cuda_setup, driver_present, gpu_arch_note, provider_library
     from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
     from .export import INFERENCE_OPSET, export_inference_onnx
-    from .extensions import extension_dir
+    from .extensions import CACHE_ENV, cache_root, extension_dir
     from .length_check import find_length_constants
     from .optim import apply_fp16_optimizer, fused_adamw_cls_and_kwargs
     from .padding import trim_trailing_padding

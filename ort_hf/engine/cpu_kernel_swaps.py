@@ -5,7 +5,7 @@ The rewrite runs through ORT's own hook for optimising the built training graph
 (``GraphOptimizerRegistry``: after the gradient graph, label sparsity and ORT's fusions), for a
 model ort_hf wrapped whose parameters are on the CPU when the graph is built (``placement.py``;
 ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions`` switch
-(``SWITCHES``); the two corrections have none. A node it cannot translate exactly is left to ORT.
+(``swap_switches.py``); the two corrections have none. A node it cannot translate exactly is left to ORT.
 
 - ``SoftmaxCrossEntropyLossInternal`` (behind ``nn.CrossEntropyLoss``) computes its log-softmax
   serially: 70 ms a step for the MLM benchmark's 331 labelled rows x 30,522 classes (ORT's
@@ -56,6 +56,7 @@ import math
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from .export_record import ACTIVE_EXPORT_RECORD
+from .swap_switches import ALL_SWAPS
 
 _MS = "com.microsoft"
 _ATEN = "org.pytorch.aten"
@@ -288,35 +289,13 @@ def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
                              transB=int(attrs.get("transB", 0)))]
 
 
-# (op type, domain) -> (the swap's name, its rewrite). Each speed swap has a switch in ORTOptions
-# (SWITCHES); the corrections (``conv_grad``, ``gemm``: ORT's CPU kernels write out of bounds or
-# fail where torch computes) have none: without them the graph is wrong, never slower.
+# (op type, domain) -> (the swap's name, its rewrite); which run for a model: swap_switches.py.
 _SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
           ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
           ("Dropout", ""): ("dropout", _dropout), ("Dropout", "ai.onnx"): ("dropout", _dropout),
           ("DropoutGrad", _MS): ("dropout", _dropout_grad), ("ATen", _ATEN): ("embedding_grad", _embedding_grad),
           ("ConvGrad", _MS): ("conv_grad", _conv_grad), ("Gemm", ""): ("gemm", _gemm),
           ("Gemm", "ai.onnx"): ("gemm", _gemm)}
-SWITCHES = {"cross_entropy": "cpu_cross_entropy_swap", "gelu_grad": "cpu_gelu_grad_swap",
-            "dropout": "cpu_dropout_kernels", "embedding_grad": "cpu_embedding_grad_kernel"}
-CORRECTIONS = frozenset({"conv_grad", "gemm"})
-ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
-
-
-def wanted_swaps(options, device_type: str) -> frozenset[str]:
-    """The swaps a model trained with ``options`` (``ORTOptions``) on ``device_type`` gets: none off
-    the CPU (ORT's CUDA kernels are other ones, and ort_hf's run on CPU only), else the corrections and
-    each speed swap whose switch is on. ORT's recompute can redraw its own Dropout (it seeds the
-    node), not an ATen node in its place: with recompute on, the dropout stays ORT's so that its
-    plans keep their savings."""
-    if device_type != "cpu":
-        return frozenset()
-    wanted = {name for name, option in SWITCHES.items() if getattr(options, option)}
-    if options.memory_optimizer_on:
-        wanted.discard("dropout")
-    return frozenset(wanted) | CORRECTIONS
-
-
 def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS) -> dict[str, int]:
     """Rewrite ``graph`` in place with the swaps named in ``swaps``; returns how many nodes of each
     type were swapped. The graph's opset is ORT's training opset (14 to 20 in ort_hf,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 
+from .swap_switches import wanted_swaps
+
 
 @dataclass
 class ExportRecord:
@@ -33,8 +35,6 @@ class ExportRecord:
     def configure(self, options, device_type: str) -> None:
         """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default
         resolved for the model's device type (``"cpu"`` or ``"cuda"``); the export counters are kept."""
-        from .cpu_kernel_swaps import wanted_swaps
-
         on_cuda = device_type == "cuda"
         self.device_type = device_type
         self.kernel_swaps = wanted_swaps(options, device_type)

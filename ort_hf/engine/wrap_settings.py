@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .cpu_kernel_swaps import CORRECTIONS, SWITCHES
+from .swap_switches import CORRECTIONS, SWITCHES
 from .options import ORTOptions
 from . import placement
 from .proven import padding_rewrites_proven, proven_exact

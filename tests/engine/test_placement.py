@@ -13,7 +13,7 @@ from tiny_models import FAMILIES, build, make_batch
 
 from ort_hf.engine import ORTOptions, wrap_model
 from ort_hf.engine import placement
-from ort_hf.engine.cpu_kernel_swaps import CORRECTIONS, SWITCHES, wanted_swaps
+from ort_hf.engine.swap_switches import CORRECTIONS, SWITCHES, wanted_swaps
 from ort_hf.module_with_loss import ModuleWithLoss
 
 

@@ -1,0 +1,24 @@
+"""Which of ``cpu_kernel_swaps``' rewrites a model gets: each speed swap has a switch in
+``ORTOptions`` (:data:`SWITCHES`); the corrections (``conv_grad``, ``gemm``: ORT's CPU kernels write out
+of bounds or fail where torch computes) have none: without them the graph is wrong, never slower."""
+
+from __future__ import annotations
+
+SWITCHES = {"cross_entropy": "cpu_cross_entropy_swap", "gelu_grad": "cpu_gelu_grad_swap",
+            "dropout": "cpu_dropout_kernels", "embedding_grad": "cpu_embedding_grad_kernel"}
+CORRECTIONS = frozenset({"conv_grad", "gemm"})
+ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
+
+
+def wanted_swaps(options, device_type: str) -> frozenset[str]:
+    """The swaps a model trained with ``options`` (``ORTOptions``) on ``device_type`` gets: none off
+    the CPU (ORT's CUDA kernels are other ones, and ort_hf's run on CPU only), else the corrections and
+    each speed swap whose switch is on. ORT's recompute can redraw its own Dropout (it seeds the
+    node), not an ATen node in its place: with recompute on, the dropout stays ORT's so that its
+    plans keep their savings."""
+    if device_type != "cpu":
+        return frozenset()
+    wanted = {name for name, option in SWITCHES.items() if getattr(options, option)}
+    if options.memory_optimizer_on:
+        wanted.discard("dropout")
+    return frozenset(wanted) | CORRECTIONS
