@@ -45,8 +45,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   ``X^T dY``, summed over the rows) fails on CPU when that sum is over no rows
   (``gemm_helper.h:59 ... K_ > 0``), where torch returns zeros: a mixture-of-experts layer whose
   expert got no token in the batch (JetMoE) stops training. ``FusedMatMul`` runs the same MLAS
-  sgemm (bit-equal outputs, the same time on 2k-4k x 256-3072 operands) and returns zeros for an
-  empty sum. Only float32.
+  sgemm (bit-equal outputs, the same time on 2k-4k x 256-3072 operands) and accepts an empty sum,
+  but leaves its output unwritten then (whatever the buffer held, NaN included): a ``Where`` on the
+  sum's length gives zeros there. Only float32.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class _Context:
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
         self._axis_name: str | None = None
+        self._constants: set[str] = set()
 
     def ratio(self, value: float) -> str:
         """A float32 scalar constant holding ``value`` (ATen's ``float`` argument)."""
@@ -107,6 +109,21 @@ class _Context:
                 name, TensorProto.FLOAT, [], [value])))
             self._ratio_names[value] = name
         return self._ratio_names[value]
+
+    def int64_scalar(self, value: int) -> str:
+        """An int64 scalar constant holding ``value``."""
+        return self._constant(f"ort_hf/int64_{value}", TensorProto.INT64, value)
+
+    def float_zero(self) -> str:
+        """A float32 scalar constant 0."""
+        return self._constant("ort_hf/float_zero", TensorProto.FLOAT, 0.0)
+
+    def _constant(self, name: str, elem_type: int, value) -> str:
+        if name not in self._constants:
+            self._constants.add(name)
+            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                                   value=helper.make_tensor(name, elem_type, [], [value])))
+        return name
 
     def spatial_axis(self) -> str:
         """An int64 ``[2]`` constant: the axis a 1-D convolution's tensors gain to become 2-D."""
@@ -284,9 +301,17 @@ def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
     if len([name for name in node.input if name]) != 2 or TensorProto.FLOAT not in (
             ctx.types.get(node.input[0]), ctx.types.get(node.input[1])):
         return None
-    return [helper.make_node("FusedMatMul", list(node.input[:2]), list(node.output), name=f"{_name(node)}/FusedMatMul",
-                             domain=_MS, alpha=float(attrs.get("alpha", 1.0)), transA=int(attrs.get("transA", 0)),
-                             transB=int(attrs.get("transB", 0)))]
+    # FusedMatMul leaves its output unwritten when the sum is over no rows (values left in the
+    # buffer, NaN among them): Where picks zeros then, and FusedMatMul's own values otherwise.
+    prefix, trans_a = _name(node), int(attrs.get("transA", 0))
+    product, shape, k, nonempty = (f"{prefix}/{part}" for part in ("product", "a_shape", "k", "nonempty"))
+    return [helper.make_node("FusedMatMul", list(node.input[:2]), [product], name=f"{prefix}/FusedMatMul",
+                             domain=_MS, alpha=float(attrs.get("alpha", 1.0)), transA=trans_a,
+                             transB=int(attrs.get("transB", 0))),
+            helper.make_node("Shape", [node.input[0]], [shape], name=f"{prefix}/Shape"),
+            helper.make_node("Gather", [shape, ctx.int64_scalar(0 if trans_a else 1)], [k], name=f"{prefix}/K", axis=0),
+            helper.make_node("Greater", [k, ctx.int64_scalar(0)], [nonempty], name=f"{prefix}/NonEmpty"),
+            helper.make_node("Where", [nonempty, product, ctx.float_zero()], list(node.output), name=f"{prefix}/Where")]
 
 
 # (op type, domain) -> (the swap's name, its rewrite); which run for a model: swap_switches.py.

@@ -186,8 +186,9 @@ def test_a_gemm_sums_over_no_rows_once_swapped(rows):
             _run(model, feeds)
         expected = np.zeros((5, 3), np.float32)  # what torch computes
     assert swap_kernels(model.graph) == {"Gemm": 1}
-    assert [(n.op_type, n.domain) for n in model.graph.node] == [("FusedMatMul", "com.microsoft")]
-    np.testing.assert_array_equal(_run(model, feeds)[0], expected)  # the same MLAS sgemm: bit-equal
+    assert ("FusedMatMul", "com.microsoft") in [(n.op_type, n.domain) for n in model.graph.node]
+    for _ in range(20):  # FusedMatMul alone leaves an empty sum's output unwritten: whatever the buffer held
+        np.testing.assert_array_equal(_run(model, feeds)[0], expected)  # the same MLAS sgemm: bit-equal
 
 
 def test_a_gemm_with_c_stays_with_ort():
