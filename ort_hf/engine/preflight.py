@@ -246,12 +246,17 @@ def _max_positions(module: nn.Module) -> int | None:
 _RANDOMNESS = ("dropout", "drop_prob", "_drop", "layerdrop", "noise", "jitter")
 
 
+def _settings_owners(module: nn.Module) -> list:
+    """``module``'s submodules and their configs (each once): where forward reads its settings."""
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
+    return [*module.modules(), *configs.values()]
+
+
 def refuse_layer_drop(module: nn.Module) -> None:
     """Raise when ``module`` skips layers at random in training (LayerDrop: ``if rand < layerdrop:
     continue`` in Python, which transformers' M2M100, NLLB, Wav2Vec2... read from their config):
     ORT traces forward once, so its graph would keep or skip the same layers at every step."""
-    configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
-    active = sorted({key for owner in (*module.modules(), *configs.values()) for key, value in vars(owner).items()
+    active = sorted({key for owner in _settings_owners(module) for key, value in vars(owner).items()
                      if isinstance(value, float) and value > 0 and ("layerdrop" in key or "layer_drop" in key)})
     if active:
         raise NotImplementedError(
@@ -265,9 +270,7 @@ def _dropout_off(module: nn.Module):
     """Every source of training randomness at 0 for the block: ``nn.Dropout`` modules, and float
     attributes named as in :data:`_RANDOMNESS` (read in forward) on modules and configs."""
     saved: list[tuple[object, str, object]] = []
-    configs = {id(c): c for c in (getattr(m, "config", None) for m in module.modules()) if c is not None}
-    owners = [*module.modules(), *configs.values()]
-    for owner in owners:
+    for owner in _settings_owners(module):
         if isinstance(owner, nn.modules.dropout._DropoutNd):
             saved.append((owner, "p", owner.p))
             owner.p = 0.0
