@@ -1,39 +1,40 @@
-"""TRL's fused LM head, computed inside the ORT graph on the non-ignored positions only.
+"""A fused LM head (TRL's), computed inside the ORT graph on the non-ignored positions only.
 
-TRL 1.16 (``trl.trainer.utils.add_fused_lm_head``) patches the model so that
-``model(..., labels=..., fused_lm_head=True)`` returns per-token log-probabilities (and, on request,
-entropy, ``log(sum p^2)``, mean logit, whether the label is the top-1 token) instead of logits. Its
-kernel is a custom autograd Function with Python loops over tiles, which ORT cannot export. Here
-the same outputs come from plain tensor ops that export: the backbone's hidden states, the rows
-whose next-token label is not -100 gathered (``NonZero`` + ``Gather`` in the graph), the vocabulary
-projection and the softmax statistics on those rows only, and the results put back in place
-(zero on ignored positions, as TRL's). The projection never runs on an ignored position, so ORT
-never builds the ``(batch, seq, vocab)`` logits: the label-sparsity idea, done in the graph.
+A fused head (TRL's ``add_fused_lm_head``) makes ``model(..., labels=..., fused_lm_head=True)``
+return per-token log-probabilities (and, on request, entropy, ``log(sum p^2)``, mean logit, whether
+the label is the top-1 token) instead of logits. TRL's kernel is a custom autograd Function with
+Python loops over tiles, which ORT cannot export. Here the same outputs come from plain tensor ops
+that export: the backbone's hidden states, the rows whose next-token label is not -100 gathered
+(``NonZero`` + ``Gather`` in the graph), the vocabulary projection and the softmax statistics on
+those rows only, and the results put back in place (zero on ignored positions). The projection
+never runs on an ignored position, so ORT never builds the ``(batch, seq, vocab)`` logits: the
+label-sparsity idea, done in the graph.
 
-The head's settings (temperature, soft-capping, logit scale, fp32 head, which outputs) are read
-from the forward TRL installed, so they are TRL's decision for this model, not a copy of its rules.
+What the head computes is a :class:`HeadSettings`; reading it from TRL's head is
+``ort_hf/trl/fused_head.py``'s (nothing here knows TRL).
 """
 
 from __future__ import annotations
 
 import contextlib
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from .module_with_loss import IGNORE_INDEX, base_model
 
-# Per-token outputs TRL's head can compute (FusedCausalLMOutput fields besides log_probs).
+# Per-token outputs the head can compute besides log_probs (TRL's FusedCausalLMOutput fields).
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-_SETTINGS = ("temperature", "cast_lm_head_to_fp32", "outputs", "final_logit_softcapping", "logit_scale",
-             "backbone_attr", "text_config")
 
 
 @dataclass(frozen=True)
 class HeadSettings:
-    """What ``add_fused_lm_head`` was told (or derived from the config) for one model."""
+    """What a fused head computes for one model (for TRL's: what ``add_fused_lm_head`` was told, or
+    derived from the config)."""
 
     temperature: float
     cast_lm_head_to_fp32: bool
@@ -42,34 +43,13 @@ class HeadSettings:
     logit_scale: float
     backbone_attr: str
     moe_router_logits: bool  # the config asks for router logits (TRL then adds the load-balancing loss)
-
-
-def trl_head_settings(model: nn.Module) -> HeadSettings:
-    """The settings of the fused head TRL added to ``model`` (the transformers model, inside any
-    PEFT wrapper). Raises if TRL added none, or its head is not the one this code matches."""
-    func = getattr(vars(model).get("forward"), "__func__", None)
-    code = getattr(func, "__code__", None)
-    if code is None or code.co_name != "_fused_forward":
-        raise ValueError(f"{type(model).__name__} has no TRL fused LM head (trl.trainer.utils.add_fused_lm_head): "
-                         "the ORT TRL trainers compute the head TRL's trainers add in their __init__.")
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in func.__closure__ or ())))
-    missing = [name for name in _SETTINGS if name not in cells]
-    if missing or not set(cells["outputs"]) <= {"log_probs", *OPTIONAL_OUTPUTS}:
-        raise RuntimeError(f"TRL's fused LM head is not the one ort_hf matches (written against trl 1.16; missing "
-                           f"{missing or 'none'}, outputs {cells.get('outputs')}): install trl 1.16, or train with "
-                           "the plain TRL trainer.")
-    return HeadSettings(
-        temperature=float(cells["temperature"]), cast_lm_head_to_fp32=bool(cells["cast_lm_head_to_fp32"]),
-        outputs=tuple(cells["outputs"]), final_logit_softcapping=cells["final_logit_softcapping"],
-        logit_scale=float(cells["logit_scale"]), backbone_attr=cells["backbone_attr"],
-        moe_router_logits=bool(getattr(cells["text_config"], "output_router_logits", False)),
-    )
+    output_type: Callable[..., Any]  # what the head returns, built from keyword fields (TRL's FusedCausalLMOutput)
 
 
 class FusedLMHeadModule(nn.Module):
-    """The trainer's model (PEFT or not) with TRL's fused head swapped for :func:`fused_head_forward`
+    """The trainer's model (PEFT or not) with its fused head swapped for :func:`fused_head_forward`
     while it runs: what ORT exports. Called as TRL calls the model (``fused_lm_head=True``, labels);
-    returns TRL's ``FusedCausalLMOutput``."""
+    returns ``settings.output_type``."""
 
     def __init__(self, model: nn.Module, settings: HeadSettings):
         super().__init__()
@@ -83,26 +63,24 @@ class FusedLMHeadModule(nn.Module):
 
 @contextlib.contextmanager
 def _exportable_head(model: nn.Module, settings: HeadSettings):
-    trl_forward = vars(model)["forward"]
+    installed_forward = vars(model)["forward"]
 
     def forward(self, *args, fused_lm_head=False, **kwargs):
         if not fused_lm_head:
-            return trl_forward(*args, **kwargs)
+            return installed_forward(*args, **kwargs)
         return fused_head_forward(self, settings, *args, **kwargs)
 
     model.forward = types.MethodType(forward, model)
     try:
         yield
     finally:
-        model.forward = trl_forward
+        model.forward = installed_forward
 
 
 def fused_head_forward(model: nn.Module, settings: HeadSettings, *args, labels=None, shift_labels=None,
                        num_items_in_batch=None, **kwargs):
     """TRL's ``_fused_forward`` (``fused_lm_head=True``) in ops ORT exports: the vocabulary projection
     and the softmax statistics on the non-ignored rows only."""
-    from trl.trainer.utils import FusedCausalLMOutput
-
     kwargs["use_cache"] = False
     hidden = getattr(model, settings.backbone_attr)(*args, **kwargs).last_hidden_state
     if shift_labels is None:
@@ -126,7 +104,7 @@ def fused_head_forward(model: nn.Module, settings: HeadSettings, *args, labels=N
         per_token[name] = value & mask if value.dtype == torch.bool else value * mask.to(value.dtype)
     log_probs = per_token["log_probs"]
     count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-    return FusedCausalLMOutput(loss=-log_probs.sum() / count, label_mask=mask, **per_token)
+    return settings.output_type(loss=-log_probs.sum() / count, label_mask=mask, **per_token)
 
 
 def _row_statistics(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
@@ -160,27 +138,9 @@ def _row_statistics(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Ten
     return out
 
 
-def fused_head_of(model: nn.Module, args) -> HeadSettings | None:
-    """The settings of TRL's fused LM head on ``model`` (through any PEFT wrapper), or None when
-    it has none. Refuses, before training, what the graph does not compute."""
-    base = base_model(model)
-    code = getattr(getattr(vars(base).get("forward"), "__func__", None), "__code__", None)
-    if code is None or code.co_name != "_fused_forward" or not args.use_ort:
-        return None
-    if args.ort_eval_in_ort:
-        raise ValueError("--ort_eval_in_ort with TRL's fused LM head: evaluation runs TRL's head in PyTorch; "
-                         "drop the flag (training still runs through ORT).")
-    settings = trl_head_settings(base)
-    if settings.moe_router_logits:
-        raise ValueError(f"{type(base).__name__} asks for MoE router logits (TRL adds the load-balancing loss to the "
-                         "fused head's): not computed through ORT by ort_hf. Pass router_aux_loss_coef=0.0 to the "
-                         "config, or train with the plain TRL trainer (use_ort=False).")
-    return settings
-
-
 class FusedHeadCaller:
-    """The engine module as TRL's ``compute_loss`` calls it. On CPU the engine drops trailing
-    all-padding columns before ORT runs (their labels are -100); the per-token outputs are given
+    """The engine module as the trainer's ``compute_loss`` (TRL's) calls it. On CPU the engine drops
+    trailing all-padding columns before ORT runs (their labels are -100); the per-token outputs are given
     those columns back, as zeros, which is what TRL's head returns there."""
 
     def __init__(self, engine_module: nn.Module):

@@ -20,16 +20,17 @@ from transformers.training_args import ParallelMode
 from ..callbacks import BatchObserver, InputDensityCallback, MemoryObserverCallback
 from ..engine import INFERENCE_OPSET, ORTOptions, fused_adamw_cls_and_kwargs, loss_as_trainer_returns, wrap_model
 from ..module_with_loss import ModuleWithLoss
-from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of
+from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule
 from ..module_with_loss.module_with_loss import LossInPyTorch
+from ..trl.fused_head import fused_head_of
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      host_check_due, last_complete_checkpoint, unfinished_checkpoint_guard, warn_if_not_finite)
 from .deepspeed import prepare_deepspeed
 from .first_step import first_step_facts, place_loss
 from .neftune import use_exportable_neftune
+from .parent_binding import bind_trainer_arguments, parent_init
 from .run_state import ORTRunState
 from .step_seed import StepSeedCallback
-from .trainer_args import bind_trainer_arguments, parent_init
 from .training_args import ADAMW_ORT_FUSED, recompute_level_for_checkpointing
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class ORTTrainerMixin:
     """
 
     # The arguments class the parent gets; None: the parent's own config class with the ORT options
-    # added (trainer_args.ort_args_class_for: ORTTrainingArguments for Trainer, ORTSFTConfig for SFTTrainer).
+    # added (parent_binding.ort_args_class_for: ORTTrainingArguments for Trainer, ORTSFTConfig for SFTTrainer).
     ort_args_class: type | None = None
 
     def __init__(self, *args, **kwargs):

@@ -166,9 +166,13 @@ class ORTTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"--{'fp16' if self.fp16 else 'bf16'} with ORT on CPU: ORTTrainer runs ORT under autocast, which "
                 "exports a half-precision graph, and ORT 1.19's CPU kernels have no float16/bfloat16 MatMul. Train "
-                "in fp32 through ORT (drop the flag, or pass bf16=False to a TRL config, which turns bf16 on when "
-                "it is left unset), or in mixed precision in PyTorch with --use_ort false."
+                "in fp32 through ORT (drop the flag, or pass bf16=False to a config that turns it on when unset), or "
+                "in mixed precision in PyTorch with --use_ort false."
             )
+
+    def _settle_unset_precision(self) -> None:
+        """For a config whose precision is left unset for its own ``__post_init__`` to choose
+        (``ort_hf.trl``'s configs override this): settle it for ORT before that runs. Nothing here."""
 
     def _on_cpu(self) -> bool:
         import torch
@@ -192,17 +196,7 @@ class ORTTrainingArguments(TrainingArguments):
             self.optim = "adamw_torch"
         check_choices(self, ORTTrainingArguments, lambda name: f"--{name}")
         self.use_ort = {"true": True, "false": False}.get(self.use_ort, self.use_ort)
-        if getattr(self, "bf16", False) is None and self._on_cpu():
-            # TRL's configs declare bf16=None for "bf16 unless fp16"; ORT's CPU kernels have no bfloat16, so
-            # left unset it means fp32 on CPU (an explicit bf16=True is refused below), with --use_ort false
-            # too, so that an A/B run compares like with like.
-            self.bf16 = False
-        if getattr(self, "bf16", False) is None and self.use_ort and not self.fp16:
-            from ..engine import BF16_ON_CUDA
-
-            # On CUDA, TRL's __post_init__ would turn it into bf16, which ORT cannot train (see BF16_ON_CUDA).
-            raise ValueError(f"{BF16_ON_CUDA} TRL's configs turn bf16 on when it is left unset: pass fp16=True "
-                             "(or bf16=False for fp32).")
+        self._settle_unset_precision()
         if self.ort_compare_steps is None:
             self.ort_compare_steps = AUTO_COMPARE_STEPS if self.use_ort == "auto" else 0
         self._refuse_fsdp()

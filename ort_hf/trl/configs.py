@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from trl import DPOConfig, SFTConfig
 
-from ..trainer.training_args import ORTTrainingArguments
+from .arguments import ORTTRLArguments
+
+# The base of the ORT config derived for a TRL config not declared here (trainer/parent_binding.py).
+ORT_ARGUMENTS_BASE = ORTTRLArguments
 
 
 def _refuse_without_loss_module(args) -> None:
@@ -16,7 +19,7 @@ def _refuse_without_loss_module(args) -> None:
 
 
 @dataclass
-class ORTSFTConfig(ORTTrainingArguments, SFTConfig):
+class ORTSFTConfig(ORTTRLArguments, SFTConfig):
     """``SFTConfig`` for :class:`ORTSFTTrainer`, plus every ``ORTTrainingArguments`` option.
 
     Defaults are TRL's, except where ORT trains on CPU: ``bf16`` left unset means fp32 there (ORT's
@@ -29,7 +32,7 @@ class ORTSFTConfig(ORTTrainingArguments, SFTConfig):
 
 
 @dataclass
-class ORTDPOConfig(ORTTrainingArguments, DPOConfig):
+class ORTDPOConfig(ORTTRLArguments, DPOConfig):
     """``DPOConfig`` for :class:`ORTDPOTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
     :class:`ORTSFTConfig`'s)."""
 

@@ -79,3 +79,17 @@ def test_no_import_cycle_in_the_package():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_only_ort_hf_trl_imports_trl():
+    """TRL knowledge lives in ort_hf/trl/: no other module imports ``trl`` (at module level or in functions)."""
+    importing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if PACKAGE / "trl" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else
+                     [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            importing += [f"{path.relative_to(PACKAGE.parent)} imports {n}" for n in names
+                          if n == "trl" or n.startswith("trl.")]
+    assert not importing, "\n".join(importing)

@@ -12,7 +12,7 @@ from tiny_models import FAMILIES, build, rule_dataset
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.trainer import ORTTrainerMixin, ORTTrainingArguments
-from ort_hf.trainer.trainer_args import ort_args_class_for
+from ort_hf.trainer.parent_binding import ort_args_class_for
 
 
 @dataclass
@@ -130,3 +130,14 @@ def test_a_parent_that_passes_args_on_gets_its_own_options_and_an_ort_config(tmp
     trainer = ORTPassingOnTrainer(*call[0], **call[1], train_dataset=rule_dataset(8), class_weights=[1.0, 3.0])
     assert trainer.class_weights == [1.0, 3.0] and trainer.model is model
     assert isinstance(trainer.args, ORTTrainingArguments) and trainer.args.learning_rate == 2e-4
+
+
+@dataclass
+class MyRecipeConfig(ORTTrainingArguments, RecipeConfig):
+    """The documented pattern for naming one's own ORT config (README)."""
+
+
+def test_a_users_own_ort_config_is_handed_over_as_given(tmp_path):
+    args = MyRecipeConfig(output_dir=str(tmp_path), report_to=[], beta=0.7, ort_fallback="disable")
+    trainer = _make(tmp_path, build(FAMILIES["bert-cls"]), args=args)
+    assert trainer.args is args and trainer.args.beta == 0.7

@@ -4,7 +4,9 @@ A trainer subclass has its own parameter order (``DPOTrainer(model, ref_model, a
 its own config class (``SFTConfig``), which it may rebuild from any other ``TrainingArguments``,
 dropping fields it does not know. So the mixin binds the caller's arguments to the parent's
 signature, and hands the parent its own config class with the ORT fields added
-(``ORT<Config>(ORTTrainingArguments, <Config>)``), never a plain ``ORTTrainingArguments``.
+(``ORT<Config>(ORTTrainingArguments, <Config>)``), never a plain ``ORTTrainingArguments``: the one
+ort_hf declares (``ORTSFTConfig``), or one made from the two classes on first use. A user's own
+config is the same pattern written out, ``class MyConfig(ORTTrainingArguments, TheirConfig)``.
 """
 
 from __future__ import annotations
@@ -13,46 +15,60 @@ import dataclasses
 import importlib
 import inspect
 import sys
+import types
 import typing
 
 from transformers import TrainingArguments
 
 from .training_args import ORTTrainingArguments
 
-# Named ORT config classes for known parents (imported lazily: TRL is optional); any other config
-# class gets one derived on first use by ort_args_class_for.
-_NAMED = {
-    "transformers.training_args.TrainingArguments": "ort_hf.trainer.training_args:ORTTrainingArguments",
-    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": "ort_hf.trainer.seq2seq:ORTSeq2SeqTrainingArguments",
-    "trl.trainer.sft_config.SFTConfig": "ort_hf.trl.configs:ORTSFTConfig",
-    "trl.trainer.dpo_config.DPOConfig": "ort_hf.trl.configs:ORTDPOConfig",
-}
+# The module of ort_hf that declares the ORT configs of a library's config classes, by the library's
+# top-level package: ``ORT<Config>(<base>, <Config>)`` dataclasses, and as ``ORT_ARGUMENTS_BASE`` the
+# base that library's other configs derive from (ORTTrainingArguments when it names none).
+_CONFIG_MODULES = {"transformers": "ort_hf.trainer.seq2seq", "trl": "ort_hf.trl.configs"}
 _DERIVED: dict[type, type] = {}
 
 
 def ort_args_class_for(config_cls: type) -> type:
-    """``config_cls`` with the ORT options added: a dataclass ``ORT<Name>(ORTTrainingArguments, config_cls)``
-    (the named one, e.g. ``ORTSFTConfig``, where ort_hf has it). Its values and validation are both
-    classes'; ORT's ``__post_init__`` runs first and calls the config's."""
+    """``config_cls`` with the ORT options added: the class ort_hf declares for it (``ORTSFTConfig``
+    for ``SFTConfig``), or else a dataclass ``ORT<Name>(<base>, config_cls)`` made on first use. Its
+    values and validation are both classes'; ORT's ``__post_init__`` runs first and calls the config's."""
     if issubclass(config_cls, ORTTrainingArguments):
         return config_cls
     if not issubclass(config_cls, TrainingArguments):
         raise TypeError(f"{config_cls.__name__} is not a TrainingArguments class.")
-    named = _NAMED.get(f"{config_cls.__module__}.{config_cls.__qualname__}")
-    if named is not None:
-        module, name = named.split(":")
-        return getattr(importlib.import_module(module), name)
+    if config_cls is TrainingArguments:
+        return ORTTrainingArguments
+    base = _library_base(config_cls)  # imports the library's ORT config module: its classes are then found
+    declared = [cls for cls in _subclasses(ORTTrainingArguments)
+                if cls.__bases__[1:] == (config_cls,) and cls.__module__ in _CONFIG_MODULES.values()]
+    if declared:
+        return declared[0]
     if config_cls not in _DERIVED:
         name = f"ORT{config_cls.__name__}"
         while hasattr(sys.modules[__name__], name):  # two configs of one name from different packages
             name += "_"
-        derived = dataclasses.make_dataclass(name, [], bases=(ORTTrainingArguments, config_cls))
+        derived = dataclasses.make_dataclass(name, [], bases=(base, config_cls))
         derived.__module__ = __name__
         derived.__doc__ = f"``{config_cls.__name__}`` with the ORT options of ``ORTTrainingArguments``."
         # Importable by name: the Trainer saves the args (training_args.bin).
         setattr(sys.modules[__name__], name, derived)
         _DERIVED[config_cls] = derived
     return _DERIVED[config_cls]
+
+
+def _library_base(config_cls: type) -> type:
+    """The base of an ORT config derived for ``config_cls``: its nearest library's (a user's subclass
+    of ``SFTConfig`` gets TRL's), or ORTTrainingArguments."""
+    for cls in config_cls.__mro__:
+        module = _CONFIG_MODULES.get(cls.__module__.partition(".")[0])
+        if module is not None:
+            return getattr(importlib.import_module(module), "ORT_ARGUMENTS_BASE", ORTTrainingArguments)
+    return ORTTrainingArguments
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
 def parent_init(trainer: object, mixin: type):
@@ -104,25 +120,28 @@ def bind_trainer_arguments(parent, ort_args_class: type | None, args: tuple, kwa
 def parent_config_class(init) -> type:
     """The most specific ``TrainingArguments`` class the parent's ``args`` annotation names
     (``SFTConfig`` for ``SFTConfig | TrainingArguments | None``); ``TrainingArguments`` if none."""
-    annotation = inspect.signature(init).parameters["args"].annotation
-    found = [c for c in _classes(annotation, getattr(inspect.unwrap(init), "__globals__", {}))
-             if isinstance(c, type) and issubclass(c, TrainingArguments)]
+    found = [c for c in _classes(_args_annotation(init)) if isinstance(c, type) and issubclass(c, TrainingArguments)]
     for cls in found:
         if all(issubclass(cls, other) for other in found):
             return cls
     return TrainingArguments
 
 
-def _classes(annotation, namespace: dict) -> list:
-    if isinstance(annotation, str):
-        return [c for part in annotation.split("|") for c in _classes(namespace.get(part.strip().strip("'\"")),
-                                                                        namespace)]
-    if isinstance(annotation, typing.ForwardRef):
-        return _classes(annotation.__forward_arg__, namespace)
+def _args_annotation(init):
+    """The parent's ``args`` annotation, evaluated by ``typing.get_type_hints`` in the parent's module
+    (a string under ``from __future__ import annotations``; a ForwardRef in Seq2SeqTrainer's). Only
+    that one: another parameter's may name what its module imports under TYPE_CHECKING only."""
+    func = inspect.unwrap(init)
+    only_args = types.SimpleNamespace(__annotations__={"args": getattr(func, "__annotations__", {}).get("args")})
+    try:
+        return typing.get_type_hints(only_args, globalns=getattr(func, "__globals__", {}))["args"]
+    except NameError:  # names a class its module does not define at run time: no config class to read
+        return None
+
+
+def _classes(annotation) -> list:
     parts = typing.get_args(annotation)
-    if parts:
-        return [c for part in parts for c in _classes(part, namespace)]
-    return [annotation]
+    return [c for part in parts for c in _classes(part)] if parts else [annotation]
 
 
 def as_ort_args(args: TrainingArguments | None, target: type, expected: type = TrainingArguments):
