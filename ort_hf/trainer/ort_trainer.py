@@ -311,12 +311,12 @@ class ORTTrainerMixin:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             run = self._ort_run
-            if run.facts_due:
+            if run.facts_due and self.args.ort_log_facts:
                 # One-time facts of this run's graph: in the original run's first log only, so a
                 # resumed run's log_history is the uninterrupted one's.
                 logs.update(run.pending_logs)
             run.pending_logs = {}
-            stats = run.engine.padding_stats if run.engine is not None else {}
+            stats = run.engine.padding_stats if run.engine is not None and self.args.ort_log_facts else {}
             if stats.get("total_tokens"):  # share of token positions ORT computed, so far
                 logs["ort/positions_kept"] = round(stats["kept_tokens"] / stats["total_tokens"], 4)
             # Collected here, before the parent logs, so trainer_state.json and every

@@ -100,6 +100,12 @@ class ORTTrainingArguments(TrainingArguments):
     ort_memory_callback: bool = field(
         default=True, metadata={"help": "Log peak memory per phase (MemoryObserverCallback)."}
     )
+    ort_log_facts: bool = field(
+        default=True,
+        metadata={"help": "Add ORT's facts about the run to the training logs: once, what the graph does (ort/export_s, "
+                  "ort/fallback, ort/loss_in_graph, ...); at each log, ort/positions_kept. With it and both callbacks "
+                  "off, the logs have exactly Trainer's keys."},
+    )
     ort_memory_budget_mb: float | None = field(
         default=None,
         metadata={
