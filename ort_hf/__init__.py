@@ -28,8 +28,13 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is impo
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .engine import ORTOptions, wrap_model
     from .module_with_loss import ModuleWithLoss
-    from .trainer import (ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainerMixin,
-                          ORTTrainingArguments)
+    from .trainer import (
+        ORTSeq2SeqTrainer,
+        ORTSeq2SeqTrainingArguments,
+        ORTTrainer,
+        ORTTrainerMixin,
+        ORTTrainingArguments,
+    )
     from .trl import ORTDPOConfig, ORTDPOTrainer, ORTSFTConfig, ORTSFTTrainer
 
 

@@ -112,8 +112,7 @@ def run_doctor() -> int:
     else:
         import torch
 
-        from .engine import EngineUnavailableError, ExtensionBuildError
-        from .engine import ensure_engine, extension_dir
+        from .engine import EngineUnavailableError, ExtensionBuildError, ensure_engine, extension_dir
 
         try:
             import onnxruntime

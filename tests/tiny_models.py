@@ -3,8 +3,8 @@ and random-id datasets for them, and the Trainer arguments of a tiny run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import transformers as tf

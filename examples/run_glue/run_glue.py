@@ -271,8 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top, so the parent of a --compare run stays a light process.
     import datasets
     import transformers
-    from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                              DataCollatorWithPadding, HfArgumentParser, default_data_collator, set_seed)
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        HfArgumentParser,
+        default_data_collator,
+        set_seed,
+    )
 
     from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 

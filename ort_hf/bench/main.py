@@ -145,8 +145,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from .runner import run_all
     from .sources import BadModelDir
     from .summary import summarize
-    from .targets import BadTargets, check_targets, read_targets
     from .tables import BadTable
+    from .targets import BadTargets, check_targets, read_targets
 
     settings = BenchSettings(
         steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size, seq_len=args.seq_len,

@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
-                          AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification,
-                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.utils import ModelOutput
 
+from ..module_with_loss import IGNORE_INDEX
 from .sources import is_causal_lm, model_dir
 from .spec import LORA_DROPOUT, BenchSettings, Workload
-
-from ..module_with_loss import IGNORE_INDEX
 
 
 def load_tokenizer(settings: BenchSettings):

@@ -71,8 +71,10 @@ def model_problem(workload: Workload, settings: BenchSettings, config: dict) -> 
     """Why the model folder cannot run the workload (None when it can): a GPT-2 or T5 folder has
     no masked-LM head, and a BERT folder is no causal LM. Said once before any worker starts,
     instead of a failure in every worker or (clm) numbers for a model that is not the user's."""
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     if workload.built_in:
         return None  # built in code for the workload: only the folder's tokenizer is used

@@ -9,6 +9,7 @@ from collections import defaultdict
 from .spec import BASELINE, VARIANTS
 from .stats import quantile
 
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .observer import BatchObserver, all_reduce_sum
-
 from ..engine import SPARSITY_THRESHOLD
 from ..module_with_loss import IGNORE_INDEX
+from .observer import BatchObserver, all_reduce_sum
 
 logger = logging.getLogger(__name__)
 

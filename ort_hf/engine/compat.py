@@ -17,10 +17,10 @@ import contextlib
 import functools
 import importlib
 import sys
-import warnings
 import threading
 import time
 import types
+import warnings
 
 from . import shape_pass
 from .export_record import ACTIVE_EXPORT_RECORD

@@ -275,7 +275,7 @@ def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
         nodes.append(helper.make_node("Unsqueeze", [name, axis], [inputs[-1]], name=f"{prefix}/Unsqueeze_{i}"))
     outputs = list(node.output)
     squeezed = [(i, name) for i, name in enumerate(outputs[:2]) if name]  # dX, dW; dB is [M] in both forms
-    for i, name in squeezed:
+    for i, _ in squeezed:
         outputs[i] = f"{prefix}/2d_output_{i}"
     conv_attrs = {k: v for k, v in attrs.items() if k not in ("kernel_shape", "strides", "dilations", "pads")}
     for key, default in (("kernel_shape", None), ("strides", 1), ("dilations", 1)):

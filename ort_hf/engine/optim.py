@@ -12,7 +12,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _say_once(message: str) -> None:
     logger.warning(message)
 

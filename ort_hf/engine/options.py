@@ -15,8 +15,8 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from typing import Iterator
 
 from .._field_choices import check_choices
 

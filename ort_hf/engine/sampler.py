@@ -6,7 +6,7 @@ ranks finish their steps at the same time and padding within a batch is small.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
@@ -28,7 +28,10 @@ class LoadBalancingBatchSampler(BatchRebalanceSampler):
         from .runtime import ensure_engine
 
         ensure_engine()
-        from onnxruntime.training.utils.data import LoadBalancingDistributedBatchSampler, LoadBalancingDistributedSampler
+        from onnxruntime.training.utils.data import (
+            LoadBalancingDistributedBatchSampler,
+            LoadBalancingDistributedSampler,
+        )
 
         sampler = LoadBalancingDistributedSampler(
             dataset, complexity_fn=complexity_fn, world_size=world_size, rank=rank, shuffle=True, seed=seed

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from . import compat, placement
 from .._model_state import restore_buffers
+from . import compat, placement
 from .cpu_kernel_swaps import release_kernel_buffers
 from .errors import ORTFallbackError
 from .export_record import ACTIVE_EXPORT_RECORD, ExportRecord

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .swap_switches import CORRECTIONS, SWITCHES
-from .options import ORTOptions
 from . import placement
+from .options import ORTOptions
 from .proven import padding_rewrites_proven, proven_exact
 from .runtime import EngineState
+from .swap_switches import CORRECTIONS, SWITCHES
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import torch
 
 from .._batches import first_rows_of
 from .._model_state import side_effect_free
-from .module_with_loss import (CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, base_model,
-                               model_loss)
+from .module_with_loss import CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, base_model, model_loss
 
 PROBE_ROWS = 4  # rows of the first batch the check runs on (any row with a label shows a loss change)
 

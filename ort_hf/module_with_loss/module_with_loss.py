@@ -14,7 +14,7 @@ decides, and checks it on the first batch); otherwise the model's own loss runs 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -103,7 +103,7 @@ def format_comparison(ort: dict, pytorch: dict) -> str:
 
 def _with_option(argv: list[str], name: str, value: str) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue

@@ -59,8 +59,12 @@ def build_rows(task: Task, specials: SpecialIds, settings: RunSettings) -> list[
 def build_collator(task: Task, tokenizer, model, settings: RunSettings):
     """A fresh collator of ``task``'s kind (fresh: the masked-LM one draws its masks from its own seeded
     generator, so each run, built anew, masks the same positions)."""
-    from transformers import (DataCollatorForLanguageModeling, DataCollatorForSeq2Seq,
-                              DataCollatorForTokenClassification, DataCollatorWithPadding)
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        DataCollatorForSeq2Seq,
+        DataCollatorForTokenClassification,
+        DataCollatorWithPadding,
+    )
 
     kind = task.collator
     if kind == "padding":

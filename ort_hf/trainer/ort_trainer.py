@@ -23,8 +23,16 @@ from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule
 from ..module_with_loss.module_with_loss import LossInPyTorch
 from ..trl.fused_head import fused_head_of
-from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
-                     host_check_due, last_complete_checkpoint, unfinished_checkpoint_guard, warn_if_not_finite)
+from .checks import (
+    check_output_dir_writable,
+    check_token_ids,
+    check_train_dataset,
+    checkpoint_problem,
+    host_check_due,
+    last_complete_checkpoint,
+    unfinished_checkpoint_guard,
+    warn_if_not_finite,
+)
 from .deepspeed import prepare_deepspeed
 from .first_step import first_step_facts, place_loss
 from .neftune import use_exportable_neftune

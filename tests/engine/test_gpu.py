@@ -74,8 +74,9 @@ def test_label_sparsity_and_padding_elimination_fire_on_cuda(tmp_path, ran_on_cu
 
 
 def _trainer(tmp_path, ran_on_cuda, **kw):
-    from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
     from tiny_models import rule_dataset
+
+    from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
     through_ort = kw.get("use_ort", True) is not False
     saving = {"ort_save_onnx": True, "ort_onnx_dir": str(tmp_path / "onnx")} if through_ort else {}

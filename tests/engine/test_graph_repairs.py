@@ -101,7 +101,9 @@ def test_parameter_reached_only_through_topk_indices_keeps_no_gradient_as_in_pyt
 
 
 def _graph(nodes, inputs, outputs, value_info=()):
-    info = lambda name, t: helper.make_tensor_value_info(name, t, [2, 2])
+    def info(name, t):
+        return helper.make_tensor_value_info(name, t, [2, 2])
+
     graph = helper.make_graph(nodes, "g", [info(*i) for i in inputs], [info(*o) for o in outputs],
                               value_info=[info(*v) for v in value_info])
     return helper.make_model(graph)

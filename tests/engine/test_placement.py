@@ -11,8 +11,7 @@ import torch
 from parity import UNCHECKED
 from tiny_models import FAMILIES, build, make_batch
 
-from ort_hf.engine import ORTOptions, wrap_model
-from ort_hf.engine import placement
+from ort_hf.engine import ORTOptions, placement, wrap_model
 from ort_hf.engine.swap_switches import CORRECTIONS, SWITCHES, wanted_swaps
 from ort_hf.module_with_loss import ModuleWithLoss
 

@@ -95,9 +95,9 @@ def test_preflight_passes_leaves_no_trace_and_training_matches():
 
 
 def test_model_class_is_read_through_wrappers_and_unproven_defaults_are_off():
-    from ort_hf.module_with_loss import ModuleWithLoss
-    from ort_hf.engine.wrap_settings import WrapSettings
     from ort_hf.engine.runtime import ensure_engine
+    from ort_hf.engine.wrap_settings import WrapSettings
+    from ort_hf.module_with_loss import ModuleWithLoss
 
     model = build(FAMILIES["bert-cls"])
     wrapper = ModuleWithLoss(model)

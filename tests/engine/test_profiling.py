@@ -4,8 +4,9 @@ import json
 import logging
 from pathlib import Path
 
-from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 from tiny_models import FAMILIES, build, id_dataset, tiny_args
+
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
 def test_profile_dir_writes_orts_per_node_profile_of_the_training_steps(tmp_path, caplog):

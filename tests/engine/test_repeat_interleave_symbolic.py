@@ -13,7 +13,6 @@ import torch
 from parity import assert_parity, run_parity
 from symbolic_cases import OPTIONS, Output
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -5,9 +5,8 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from datasets import Dataset
+from safetensors.torch import save_file
 from tiny_models import FAMILIES, build
 from transformers import TrainerCallback
 

@@ -18,7 +18,7 @@ def test_fifty_sequence_lengths_export_once_and_memory_stays_flat():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     rss = []
-    for round_ in range(2):
+    for _round in range(2):
         for length in range(8, 58):  # 50 distinct lengths (dynamic padding pads to the longest)
             ids = torch.randint(3, VOCAB, (4, length), generator=gen)
             labels = ids.masked_fill(torch.rand(ids.shape, generator=gen) > 0.3, -100)

@@ -27,9 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
-from transformers import BertConfig, BertForSequenceClassification
-
 from tiny_models import id_dataset
+from transformers import BertConfig, BertForSequenceClassification
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 

@@ -21,9 +21,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch.distributed as dist
-from safetensors.torch import save_file
-
 from ddp_train import synthetic_dataset, tiny_classifier  # the script's own folder is on sys.path
+from safetensors.torch import save_file
 from transformers import TrainerCallback  # noqa: E402
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments  # noqa: E402

@@ -61,7 +61,7 @@ def _losses(pooling: str, out, ort: dict | None):
 
 def _assert_parity(ref, got):
     diffs = [abs(a - b) for a, b in zip(ref, got)]
-    assert max(diffs) <= 1e-4, f"per-step loss diffs {['%.1e' % d for d in diffs]}"
+    assert max(diffs) <= 1e-4, f"per-step loss diffs {[f'{d:.1e}' for d in diffs]}"
 
 
 @pytest.mark.parametrize("pooling", ["late", "mean"])

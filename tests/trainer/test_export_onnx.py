@@ -1,8 +1,8 @@
 """export_onnx writes an inference model that onnxruntime runs with PyTorch's logits."""
 
 import numpy as np
-import pytest
 import onnxruntime
+import pytest
 import torch
 from sst2 import read_sst2, sst2_dataset
 from transformers import AutoTokenizer, BertForSequenceClassification

@@ -3,7 +3,8 @@ saved adapter is plain PEFT's."""
 
 import pytest
 import torch
-from parity import graph_gradients, trainable as trainable_names
+from parity import graph_gradients
+from parity import trainable as trainable_names
 from tiny_models import FAMILIES, build, id_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 

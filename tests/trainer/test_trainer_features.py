@@ -8,7 +8,6 @@ from transformers import TrainerCallback
 
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
-
 _dataset = rule_dataset
 
 

@@ -12,8 +12,7 @@ from datasets import Dataset
 trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'ort_hf[trl]')")
 pytest.importorskip("peft", reason="peft is not installed")
 
-from trl_runs import (assert_same_run, build_model, build_tokenizer,  # noqa: E402
-                      common_args, lora_config, weights)
+from trl_runs import assert_same_run, build_model, build_tokenizer, common_args, lora_config, weights  # noqa: E402
 
 from ort_hf.trl import ORTSFTConfig, ORTSFTTrainer  # noqa: E402
 
