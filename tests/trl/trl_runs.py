@@ -1,11 +1,25 @@
-"""Plain TRL trainer vs its ORT counterpart from the same seed, on the tiny chat model of
-examples/run_sft (a byte-level tokenizer with a ChatML template and a small Qwen2, built in code)."""
+"""Plain TRL trainer vs its ORT counterpart from the same seed, on a tiny chat model built in code
+(a byte-level tokenizer with a ChatML template and a small Qwen2; examples/run_sft has its own,
+which also takes a real vocabulary)."""
 
 from __future__ import annotations
 
 import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tiny_chat import build_model, build_tokenizer  # noqa: F401 - examples/run_sft, on the tests' pythonpath
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# ChatML, assistant turns inside {% generation %} markers (for TRL's assistant_only_loss).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
+    "{%- else %}{{- message['content'] + '<|im_end|>' + '\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
 
 STEPS = 8
 
@@ -16,6 +30,28 @@ def common_args(out, lora: bool, **extra) -> dict:
     return dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, logging_steps=1, seed=0,
                 learning_rate=1e-2 if lora else 1e-3, report_to=[], save_strategy="no", disable_tqdm=True, bf16=False,
                 gradient_checkpointing=False, use_cpu=True, **extra)
+
+
+def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """Byte-level (every byte a token, plus ChatML's three specials: 259), with the template above."""
+    specials = [PAD, IM_START, IM_END]
+    vocab = {token: i for i, token in enumerate(specials + list(bytes_to_unicode().values()))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(specials)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END,
+                                                chat_template=CHAT_TEMPLATE)
+
+
+def build_model(tokenizer, seed: int = 0) -> transformers.Qwen2ForCausalLM:
+    """A two-layer Qwen2 (hidden size 32) for ``tokenizer``, from ``seed``, without dropout."""
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    return transformers.Qwen2ForCausalLM(config)
 
 
 def lora_config(**options):
