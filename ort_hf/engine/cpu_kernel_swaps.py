@@ -8,9 +8,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
 (``swap_switches.py``); the two corrections have none. A node it cannot translate exactly is left to ORT.
 
 - ``SoftmaxCrossEntropyLossInternal`` (behind ``nn.CrossEntropyLoss``) computes its log-softmax
-  serially: 70 ms a step for the MLM benchmark's 331 labelled rows x 30,522 classes (ORT's
-  per-node profile). ONNX ``LogSoftmax`` (MLAS: vectorised, over the intra-op threads; 5.5 ms)
-  then ``NegativeLogLikelihoodLoss`` give its two outputs: the log-probabilities its gradient
+  serially: on the MLM benchmark (331 labelled rows x 30,522 classes) the costliest node of ORT's
+  per-node profile (``--ort_profile_dir``). ONNX ``LogSoftmax`` (MLAS: vectorised, over the
+  intra-op threads) then ``NegativeLogLikelihoodLoss`` give its two outputs: the log-probabilities its gradient
   node (left as it is) reads, and the loss, with the same reduction, class weights and ignored
   label. Only float32 scores and loss, and a constant label to ignore.
 - ``BiasGeluGrad_dX`` (the gradient of BERT-style feed-forward GELU, exact erf form) is a slower

@@ -1,7 +1,7 @@
 """ORT's export cache (``ORTMODULE_CACHE_DIR``, ``--ort_export_cache_dir``), made safe to share.
 
 ORTModule 1.19.2 caches the exported graph as ``<md5(repr(module))>_<rank>.onnx`` and loads
-it whenever that file exists. As shipped that is unsafe in four ways, each handled here:
+it whenever that file exists. As shipped that is unsafe in five ways, each handled here:
 
 1. The key is the module's ``repr`` only: an eager and an SDPA BERT, two transformers
    versions, a changed forward, or other inputs (labels or not) share one file, and the wrong

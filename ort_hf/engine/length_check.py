@@ -12,7 +12,7 @@ wrong thing.
 ORT's and ort_hf's symbolics, every input's batch and sequence axes dynamic) at the batch's own
 length and at a shorter one, and reports each node whose constant value or attributes differ,
 with the model source line that produced it, plus whatever the graphs do not share. A diagnostic,
-run on demand; a few seconds for a tiny model.
+run on demand (two exports of the model).
 """
 
 from __future__ import annotations

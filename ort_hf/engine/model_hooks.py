@@ -27,7 +27,7 @@ def _bridge_session_options() -> None:
     # whether its idle threads spin (ORTOptions.intra_op_threads / intra_op_spinning).
     # Memory reuse: ORTModule 1.19.2 hard-codes session_options.enable_mem_reuse = False in
     # GraphExecutionManager._get_session_config, so backward holds every activation and the
-    # memory optimizer's recompute cannot lower the peak (ENGINE_NOTES measured it). The active
+    # memory optimizer's recompute cannot lower the peak (docs/memory.md). The active
     # model's enable_mem_reuse decides instead. Can go with ORTModule.
     from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager as GEM
 

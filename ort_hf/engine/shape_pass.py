@@ -5,7 +5,7 @@ torch's TorchScript exporter runs ONNX shape-type inference
 the value of every parameter and buffer, and propagates constant values through them. On the
 bench's ~485M Qwen2 (LoRA, ``ort-hf bench --workloads lora-485m``) that held 1.1 GB more resident
 memory after the first pass than before it, peaked 1.6 GB above it, and took about half of the
-16 s export; it was the whole of ORT's first-step peak above the steady step. ORT exports with
+export's time; it was the whole of ORT's first-step peak above the steady step. ORT exports with
 ``export_params=False``, so no value reaches its ONNX. A floating-point tensor of two or more
 dimensions (a weight matrix, an embedding table) never decides a shape, so inside ORT's export its
 value is withheld from the pass; scalars, vectors and integer tensors, which shape arithmetic

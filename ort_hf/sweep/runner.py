@@ -36,7 +36,7 @@ def worker_env() -> dict[str, str]:
 
 
 # What every worker imports: a forked worker (the default) starts with them loaded instead of
-# spending most of a tiny case importing them again (10-20 s on two busy cores, against 5-10 s of work).
+# spending most of a tiny case importing them again (on two busy cores, longer than the case's work).
 _PRELOAD = ("torch", "transformers", "datasets", "tokenizers", "ort_hf.trainer", "ort_hf.sweep.worker")
 
 

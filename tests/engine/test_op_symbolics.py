@@ -164,7 +164,7 @@ def test_rms_norm_trains_as_pytorch(case):
 
 
 def test_rms_norm_plain_export_is_standard_onnx():
-    """Outside ORT training (``ort_hf.export``, any torch.onnx export at a registered opset) it is
+    """Outside ORT training (``ORTTrainer.export_onnx``, any torch.onnx export at a registered opset) it is
     written in standard ops: the ONNX checker passes and onnxruntime computes torch's values."""
     import onnx
     import onnxruntime
