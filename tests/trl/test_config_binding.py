@@ -40,3 +40,13 @@ def test_a_trl_config_not_declared_gets_trls_unset_bf16_rule(tmp_path):
     assert args.bf16 is False and args.my_option == 5  # TRL's own __post_init__ would make bf16 True
     assert MySFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]).bf16 is True
     assert pickle.loads(pickle.dumps(args)).my_option == 5  # the Trainer saves its args
+
+
+def test_every_declared_trl_config_has_trls_rule():
+    """A config declared in ort_hf.trl.configs derives from ORTTRLArguments (TRL's unset bf16 settled for ORT)."""
+    from ort_hf.trainer import ORTTrainingArguments
+    from ort_hf.trl import configs
+
+    declared = [c for c in vars(configs).values()
+                if isinstance(c, type) and issubclass(c, ORTTrainingArguments) and c.__module__ == configs.__name__]
+    assert declared and all(issubclass(c, ORTTRLArguments) for c in declared), declared
