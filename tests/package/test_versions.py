@@ -1,13 +1,14 @@
 """ort_hf/_versions.py: the tested ranges are pyproject.toml's, read back from the installed
 metadata, and a library outside its range is named with the pin to install."""
 
-from ort_hf._versions import WRITTEN_AGAINST, tested_ranges, untested
+from ort_hf import _versions
+from ort_hf._versions import WRITTEN_AGAINST, untested
 
 REQUIREMENTS = ["torch<2.14,>=2.13.0", "numpy>=2.0", 'trl<1.17,>=1.16.0; extra == "trl"', 'peft<0.22,>=0.21; extra == "peft"']
 
 
 def test_every_library_ort_hf_is_written_against_has_a_floor_and_a_cap():
-    ranges = tested_ranges()  # this install's own metadata
+    ranges = _versions.tested_ranges()  # this install's own metadata
     assert set(ranges) == set(WRITTEN_AGAINST)
     for name, spec in ranges.items():
         assert ">=" in spec and "<" in spec.replace("<=", ""), f"{name}: {spec} needs a tested floor and cap"
