@@ -36,7 +36,9 @@ calls once per ONNX opset before the first export:
 - :mod:`.bitwise`: ``aten::bitwise_and`` / ``or`` / ``xor`` (training exports only: ONNX ``And`` /
   ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it);
 - :mod:`.repeat_interleave`: ``aten::repeat_interleave``, whose torch symbolic rewrote the traced
-  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM).
+  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM);
+- :mod:`.permute`: ``aten::permute`` with negative dims made non-negative (ONNX ``Transpose``
+  takes none; Mamba-2 mixers).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -67,6 +69,7 @@ from .gradient_builder_fixes import layer_norm, logsumexp, where
 from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
+from .permute import permute
 from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
 from .repeat_interleave import repeat_interleave
 from .rms_norm import rms_norm, rms_norm_onnx
@@ -87,6 +90,7 @@ SYMBOLICS = {
     "aten::_convolution_mode": convolution_mode,
     "aten::scatter": _scatter.scatter,
     "aten::repeat_interleave": repeat_interleave,
+    "aten::permute": permute,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
