@@ -1,6 +1,7 @@
-"""``aten::expm1`` (Apertus' xIELU), ``aten::permute`` with negative dims (Mamba-2 mixers) and the bitwise ops (``bitwise_and`` / ``|`` / ``^`` on integers
-and booleans: T5Gemma2's and CPM-Ant's attention masks) through ``wrap_model`` against PyTorch: values
-exactly as torch's, gradients as torch's, fallback disabled and ORT proven to have run."""
+"""``aten::expm1`` (Apertus' xIELU), ``aten::permute`` with negative dims (Mamba-2 mixers) and the
+bitwise ops (``bitwise_and`` / ``|`` / ``^`` on integers and booleans: T5Gemma2's and CPM-Ant's
+attention masks) through ``wrap_model`` against PyTorch: values exactly as torch's, gradients as
+torch's, fallback disabled and ORT proven to have run."""
 
 from __future__ import annotations
 
