@@ -37,6 +37,8 @@ calls once per ONNX opset before the first export:
   ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it);
 - :mod:`.repeat_interleave`: ``aten::repeat_interleave``, whose torch symbolic rewrote the traced
   graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM);
+- :mod:`.einsum`: ``aten::einsum`` of one or two operands (training exports only: ``Transpose`` /
+  ``ReduceSum`` / ``MatMul``, which ORT differentiates; LongT5's attention);
 - :mod:`.permute`: ``aten::permute`` with negative dims made non-negative (ONNX ``Transpose``
   takes none; Mamba-2 mixers).
 
@@ -65,6 +67,7 @@ from .attention import sdpa
 from .bias_gelu import gelu
 from .chunk import constant_chunk
 from .conv_padding import convolution_mode
+from .einsum import einsum
 from .gradient_builder_fixes import layer_norm, logsumexp, where
 from .histc import histc
 from .index_add import index_add
@@ -105,6 +108,7 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::uniform": uniform,
     "aten::linalg_solve_triangular": _solve_triangular.linalg_solve_triangular,
     **_bitwise.SYMBOLICS, "aten::expm1": _expm1.expm1,
+    "aten::einsum": einsum,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
