@@ -1,6 +1,7 @@
-"""``aten::expm1`` (Apertus' xIELU) and the bitwise ops (``bitwise_and`` / ``|`` / ``^`` on integers
-and booleans: T5Gemma2's and CPM-Ant's attention masks) through ``wrap_model`` against PyTorch: values
-exactly as torch's, gradients as torch's, fallback disabled and ORT proven to have run."""
+"""``aten::expm1`` (Apertus' xIELU), ``aten::permute`` with negative dims (Mamba-2 mixers) and the
+bitwise ops (``bitwise_and`` / ``|`` / ``^`` on integers and booleans: T5Gemma2's and CPM-Ant's
+attention masks) through ``wrap_model`` against PyTorch: values exactly as torch's, gradients as
+torch's, fallback disabled and ORT proven to have run."""
 
 from __future__ import annotations
 
@@ -88,3 +89,30 @@ def test_bitwise_ops_are_torchs_and_train_as_pytorch():
     # integers below opset 18 run torch's op; the booleans are ONNX And
     assert {"ATen:__or__", "ATen:__and__", "ATen:__xor__", "And"} <= set(ops), ops
     assert_parity(*run_parity(model, batches, OPTIONS))
+
+
+# ---- permute with negative dims ------------------------------------------------------------------
+
+class NegativePermute(torch.nn.Module):
+    """The Mamba-2 mixer's ``L.permute(0, -2, -1, 1)`` (a rank-4 tensor) between two weighted ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 5))
+
+    def forward(self, x, target):
+        y = (x * self.scale).exp().permute(0, -2, -1, 1) * self.scale[:, None]
+        return Output(loss=((y - target) ** 2).mean(), out=y)
+
+
+def test_permute_with_negative_dims_trains_as_pytorch():
+    g = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(2, 3, 4, 5, generator=g) * 0.1,
+                "target": torch.randn(2, 4, 5, 3, generator=g)} for _ in range(3)]
+    wrapped = wrap_model(NegativePermute(), OPTIONS)
+    wrapped.train()
+    wrapped(**batches[0]).loss.backward()
+    perms = [list(a.ints) for n in wrapped.training_graph().graph.node if n.op_type == "Transpose"
+             for a in n.attribute if a.name == "perm"]
+    assert [0, 2, 3, 1] in perms and all(d >= 0 for p in perms for d in p), perms
+    assert_parity(*run_parity(NegativePermute(), batches, OPTIONS))

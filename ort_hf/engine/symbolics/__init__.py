@@ -36,7 +36,11 @@ calls once per ONNX opset before the first export:
 - :mod:`.bitwise`: ``aten::bitwise_and`` / ``or`` / ``xor`` (training exports only: ONNX ``And`` /
   ``Or`` / ``Xor`` on bools, ``Bitwise*`` from opset 18, ATen nodes on integers below it);
 - :mod:`.repeat_interleave`: ``aten::repeat_interleave``, whose torch symbolic rewrote the traced
-  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM).
+  graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM);
+- :mod:`.einsum`: ``aten::einsum`` of one or two operands (training exports only: ``Transpose`` /
+  ``ReduceSum`` / ``MatMul``, which ORT differentiates; LongT5's attention);
+- :mod:`.permute`: ``aten::permute`` with negative dims made non-negative (ONNX ``Transpose``
+  takes none; Mamba-2 mixers).
 
 ORTModule re-registers its own symbolic table (which has ``layer_norm``, ``_convolution_mode``, and
 ``scaled_dot_product_attention`` when ``ORTMODULE_ATEN_SDPA_FALLBACK`` is set) on every
@@ -63,10 +67,12 @@ from .attention import sdpa
 from .bias_gelu import gelu
 from .chunk import constant_chunk
 from .conv_padding import convolution_mode
+from .einsum import einsum
 from .gradient_builder_fixes import layer_norm, logsumexp, where
 from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
+from .permute import permute
 from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
 from .repeat_interleave import repeat_interleave
 from .rms_norm import rms_norm, rms_norm_onnx
@@ -87,6 +93,7 @@ SYMBOLICS = {
     "aten::_convolution_mode": convolution_mode,
     "aten::scatter": _scatter.scatter,
     "aten::repeat_interleave": repeat_interleave,
+    "aten::permute": permute,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
@@ -101,6 +108,7 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::uniform": uniform,
     "aten::linalg_solve_triangular": _solve_triangular.linalg_solve_triangular,
     **_bitwise.SYMBOLICS, "aten::expm1": _expm1.expm1,
+    "aten::einsum": einsum,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
