@@ -11,6 +11,7 @@ from .cases import MODES, SETTINGS, TASKS
 from .cells import CELLS, EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, engine_exact, rewrites_exact
 from .messages import condense
 from .results import read_results, results_path
+from .waits_for import waits_for
 
 SHOWN_MODE = "as shipped"  # the per-type table shows what users get
 
@@ -123,6 +124,20 @@ def _per_type(results: dict[str, dict[str, dict]]) -> list[str]:
     return lines
 
 
+def _waiting(results: dict[str, dict[str, dict]]) -> list[str]:
+    """One line per model type whose as-shipped cell is neither parity nor not counted, in any task."""
+    proven = proven_lists(results)
+    cells: dict[str, list[str]] = {}
+    for task, records in results.items():
+        for model_type, record in records.items():
+            result = shipped_result(record, proven)
+            if result is not None and result["cell"] not in ("parity", "not-counted"):
+                cells.setdefault(model_type, []).append(f"{task} ({result['cell']})")
+    lines = ["| model type | not at parity in | waits for |", "|---|---|---|"]
+    lines += [f"| {t} | {', '.join(c)} | {waits_for(t)} |" for t, c in sorted(cells.items())]
+    return lines
+
+
 def _conditions(results: dict[str, dict[str, dict]]) -> str:
     records = [r for records in results.values() for r in records.values()]
     trees = sorted({r.get("tree", "unknown") for r in records})
@@ -181,6 +196,13 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
         "## Median seconds per case",
         "",
         *_seconds(results),
+        "",
+        "## Not at parity, and what each waits for",
+        "",
+        "Every model type whose as-shipped cell is refused, a crash, a timeout or diverge in some task, with "
+        "what it waits for (`ort_hf/sweep/waits_for.py`).",
+        "",
+        *_waiting(results),
         "",
         f"## Model types ({SHOWN_MODE})",
         "",

@@ -15,6 +15,7 @@ from ort_hf.sweep.recording import describe_exception, gradient_errors
 from ort_hf.sweep.render import markdown, proven_lists
 from ort_hf.sweep.runner import run_case
 from ort_hf.sweep.tiny_config import DEPTHS, HEAD_COUNTS, HEADS, LAYERS, VOCAB, size_problems, tiny_config
+from ort_hf.sweep.waits_for import waits_for
 
 SAMPLE = {("seq-cls", "bert"): "BertForSequenceClassification", ("causal-lm", "gpt2"): "GPT2LMHeadModel"}
 
@@ -143,3 +144,17 @@ def test_render_lists_only_what_the_thresholds_prove():
     assert proven["padding_rewrites"] == ["BertForSequenceClassification"]
     text = markdown(results)
     assert "| bert | parity |" in text and "parity (step-1 gradients off by 6.0e-03)" in text
+
+
+def test_render_says_what_each_type_not_at_parity_waits_for():
+    refused = _record("tapas", "TapasForSequenceClassification", "refused", None, None)
+    refused["modes"]["default"]["cell"] = "refused"
+    unknown = _record("newtype", "NewTypeForSequenceClassification", "refused", None, None)
+    unknown["modes"]["default"]["cell"] = "timeout"
+    results = {"seq-cls": {"bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
+                           "tapas": refused, "newtype": unknown}}
+    waiting = markdown(results).split("## Not at parity")[1].split("## Model types")[0]
+    assert f"| tapas | seq-cls (refused) | {waits_for('tapas')} |" in waiting
+    assert "scatter_reduce" in waits_for("tapas")
+    assert "| newtype | seq-cls (timeout) | not diagnosed yet |" in waiting
+    assert "| bert |" not in waiting

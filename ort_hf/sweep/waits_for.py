@@ -1,0 +1,57 @@
+"""What each model type the sweep does not train at parity waits for: the diagnosis, written once,
+rendered into docs/architectures.md next to the cells it explains (``render._waiting``)."""
+
+from __future__ import annotations
+
+_LENGTH_BAKED_SCAN = ("its recurrence runs as a Python loop over the sequence in PyTorch's CPU path, so the "
+                      "trace unrolls it to the first batch's length (refused before training by the pre-flight); "
+                      "needs an ONNX Loop/Scan export with a gradient, which ORT 1.19.2 does not have")
+_LENGTH_BAKED_WINDOW = ("its attention pads the sequence to a window multiple computed in Python from the first "
+                        "batch's length, which the trace keeps as constants (refused before training by the "
+                        "pre-flight); needs that padding computed from the input's shape in the graph")
+
+WAITS_FOR: dict[str, str] = {
+    "afmoe": "not diagnosed: ORT's loss differs from PyTorch's on the first batch itself (3.6e-3), so the "
+             "pre-flight refuses it",
+    "cpmant": "its segment and position buckets are computed in Python from the first batch's length, kept as "
+              "constants by the trace (refused by the pre-flight); needs them computed in the graph",
+    "falcon_mamba": _LENGTH_BAKED_SCAN,
+    "fnet": "`torch.fft.fftn`: ONNX's DFT has no gradient in ORT 1.19.2; needs the real 2-D DFT written as "
+            "products with cosine and sine matrices built in the graph",
+    "funnel": "its pooling computes attention-mask and position sizes in Python from the first batch's length, "
+              "kept as constants by the trace (refused by the pre-flight)",
+    "hrm_text": "its low-level cycles before the gradient threshold run under `torch.no_grad()`, which the "
+                "TorchScript exporter does not record, so ORT differentiates through them (gradients 0.29 off; "
+                "refused by the pre-flight); needs a stop-gradient at the no-grad boundary",
+    "inkling2_loop_text": "ORT's gradient builder defines the gradient of a shared zero state "
+                          "(`ConstantOfShape` read by two `Concat`s) twice: \"Duplicate definition of name\"; "
+                          "not yet repaired",
+    "inkling2_text": "ORT's gradient builder defines the gradient of a shared zero state "
+                     "(`ConstantOfShape` read by two `Concat`s) twice: \"Duplicate definition of name\"; "
+                     "not yet repaired",
+    "jamba": _LENGTH_BAKED_SCAN,
+    "led": _LENGTH_BAKED_WINDOW,
+    "llama4_text": "`torch.polar` (complex rotary embedding): ORT has no complex tensors; needs the rotation "
+                   "written in real cosine and sine ops",
+    "longformer": _LENGTH_BAKED_WINDOW,
+    "mamba": _LENGTH_BAKED_SCAN,
+    "phimoe": "ORT's `GatherElementsGrad` kernel is handed no tensor in the sparsemixer router's backward "
+              "(op_kernel_context.h:42); not yet diagnosed further",
+    "qwen3_5": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and ORT's "
+               "Reshape rejects the empty result; needs the section slicing repaired in the export",
+    "qwen3_5_moe_text": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and "
+                        "ORT's Reshape rejects the empty result; needs the section slicing repaired in the export",
+    "qwen3_5_text": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and "
+                    "ORT's Reshape rejects the empty result; needs the section slicing repaired in the export",
+    "recurrent_gemma": _LENGTH_BAKED_SCAN,
+    "rwkv": _LENGTH_BAKED_SCAN,
+    "t5gemma2": "its attention masks are built by `torch.func.vmap` over a mask function, which the exporter "
+                "keeps as a Python op ORT cannot run; needs the masks exported as plain ops",
+    "tapas": "`scatter_reduce(include_self=False)`: ONNX's ScatterElements reductions include the existing "
+             "value; needs a symbolic that starts from the reduction's identity",
+    "xlstm": _LENGTH_BAKED_SCAN,
+}
+
+
+def waits_for(model_type: str) -> str:
+    return WAITS_FOR.get(model_type, "not diagnosed yet")
