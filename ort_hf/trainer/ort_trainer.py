@@ -22,6 +22,7 @@ from ..engine import INFERENCE_OPSET, ORTOptions, fused_adamw_cls_and_kwargs, lo
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule, fused_head_of
 from ..module_with_loss.module_with_loss import LossInPyTorch
+from .bypass_check import EngineBypassCheck
 from .checks import (check_output_dir_writable, check_token_ids, check_train_dataset, checkpoint_problem,
                      host_check_due, last_complete_checkpoint, unfinished_checkpoint_guard, warn_if_not_finite)
 from .deepspeed import prepare_deepspeed
@@ -51,11 +52,12 @@ class ORTTrainerMixin:
         super().__init__(*args, **kwargs)
         self._ort_run = ORTRunState()
         self._fused_head = fused_head_of(self.model, self.args)  # TRL's fused LM head (SFTTrainer, DPOTrainer...)
-        # A Trainer subclass below the mixin with its own compute_loss (class weights, a focal loss,
-        # a reward model's pairwise loss) keeps it: ORT runs the model's forward and backward, the
-        # parent turns the outputs into the loss, and ModuleWithLoss (label sparsity) stays out.
-        parent_loss = super().compute_loss.__func__
-        self._parent_loss = None if parent_loss is Trainer.compute_loss else parent_loss.__qualname__
+        # A Trainer subclass with its own compute_loss (class weights, a focal loss, a reward model's
+        # pairwise loss), below the mixin or above it (a user's class over an ORT trainer), keeps it:
+        # ORT runs the model's forward and backward, that compute_loss turns the outputs into the
+        # loss, and ModuleWithLoss (label sparsity) stays out. So it does under an own training_step,
+        # which may call the model without compute_loss (and then expects the model's own outputs).
+        self._parent_loss = _own_override(type(self), "compute_loss") or _own_override(type(self), "training_step")
         if self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None and self._parent_loss:
             logger.info("ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
                         "is off for it.", self._parent_loss)
@@ -64,6 +66,9 @@ class ORTTrainerMixin:
     def _add_default_callbacks(self) -> None:
         if self.args.use_ort:
             self.add_callback(StepSeedCallback(self))
+            overrides = " / ".join(filter(None, (_own_override(type(self), n) for n in ("training_step", "compute_loss"))))
+            if overrides:  # they run ORT only if they call the model they are given
+                self.add_callback(EngineBypassCheck(self, overrides))
         present = {type(cb) for cb in self.callback_handler.callbacks}
         if self.args.ort_density_callback and InputDensityCallback not in present:
             self.add_callback(InputDensityCallback(print_every=self.args.ort_density_print_every))
@@ -323,6 +328,16 @@ class ORTTrainerMixin:
             for observer in self._observers():
                 observer.merge_into(self.args, self.state, logs)
         super().log(logs, start_time)
+
+
+def _own_override(cls: type, name: str) -> str | None:
+    """The qualified name of the first ``name`` in ``cls``'s MRO that is neither Trainer's nor the mixin's."""
+    for klass in cls.__mro__:
+        if name in vars(klass) and klass not in (ORTTrainerMixin, Trainer):
+            return vars(klass)[name].__qualname__
+        if klass is Trainer:
+            return None
+    return None
 
 
 class ORTTrainer(ORTTrainerMixin, Trainer):
