@@ -28,6 +28,7 @@ _NAMED = {
     "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": "ort_hf.trainer.seq2seq:ORTSeq2SeqTrainingArguments",
     "trl.trainer.sft_config.SFTConfig": "ort_hf.trl.configs:ORTSFTConfig",
     "trl.trainer.dpo_config.DPOConfig": "ort_hf.trl.configs:ORTDPOConfig",
+    "trl.trainer.reward_config.RewardConfig": "ort_hf.trl.reward:ORTRewardConfig",
 }
 _DERIVED: dict[type, type] = {}
 

@@ -13,11 +13,14 @@ _LAZY = {
     "ORTDPOConfig": "ort_hf.trl.configs",
     "ORTSFTTrainer": "ort_hf.trl.trainers",
     "ORTDPOTrainer": "ort_hf.trl.trainers",
+    "ORTRewardConfig": "ort_hf.trl.reward",
+    "ORTRewardTrainer": "ort_hf.trl.reward",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .configs import ORTDPOConfig, ORTSFTConfig
+    from .reward import ORTRewardConfig, ORTRewardTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."
