@@ -281,7 +281,7 @@ class ORTTrainerMixin:
         run = self._ort_run
         if isinstance(run.loss_module, FusedLMHeadModule):
             # TRL's compute_loss builds its loss and metrics from the fused head's outputs; it calls the engine.
-            run.head_caller = FusedHeadCaller(model)
+            run.head_caller = FusedHeadCaller(model, no_grad_model=self.model)
             return super().compute_loss(run.head_caller, inputs, False, num_items_in_batch)
         # ModuleWithLoss computes the loss Trainer.compute_loss would (the label smoother's,
         # compute_loss_func's or the model's own, normalised by num_items_in_batch where the

@@ -29,6 +29,7 @@ _NAMED = {
     "trl.trainer.sft_config.SFTConfig": "ort_hf.trl.configs:ORTSFTConfig",
     "trl.trainer.dpo_config.DPOConfig": "ort_hf.trl.configs:ORTDPOConfig",
     "trl.trainer.reward_config.RewardConfig": "ort_hf.trl.reward:ORTRewardConfig",
+    "trl.trainer.kto_config.KTOConfig": "ort_hf.trl.kto:ORTKTOConfig",
 }
 _DERIVED: dict[type, type] = {}
 

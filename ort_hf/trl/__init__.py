@@ -15,11 +15,14 @@ _LAZY = {
     "ORTDPOTrainer": "ort_hf.trl.trainers",
     "ORTRewardConfig": "ort_hf.trl.reward",
     "ORTRewardTrainer": "ort_hf.trl.reward",
+    "ORTKTOConfig": "ort_hf.trl.kto",
+    "ORTKTOTrainer": "ort_hf.trl.kto",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .configs import ORTDPOConfig, ORTSFTConfig
+    from .kto import ORTKTOConfig, ORTKTOTrainer
     from .reward import ORTRewardConfig, ORTRewardTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
