@@ -9,6 +9,7 @@ Hugging Face model, so saved checkpoints are ordinary HF checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 
@@ -55,9 +56,9 @@ class ORTTrainerMixin:
         # A Trainer subclass with its own compute_loss (class weights, a focal loss, a reward model's
         # pairwise loss), below the mixin or above it (a user's class over an ORT trainer), keeps it:
         # ORT runs the model's forward and backward, that compute_loss turns the outputs into the
-        # loss, and ModuleWithLoss (label sparsity) stays out. So it does under an own training_step,
-        # which may call the model without compute_loss (and then expects the model's own outputs).
-        self._parent_loss = _own_override(type(self), "compute_loss") or _own_override(type(self), "training_step")
+        # loss, and ModuleWithLoss (label sparsity) stays out. So it does under a training_step that
+        # does not go through the parent's (it may call the model itself, expecting its own outputs).
+        self._parent_loss = _own_override(type(self), "compute_loss") or _step_of_its_own(type(self))
         if self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None and self._parent_loss:
             logger.info("ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
                         "is off for it.", self._parent_loss)
@@ -337,6 +338,21 @@ def _own_override(cls: type, name: str) -> str | None:
             return vars(klass)[name].__qualname__
         if klass is Trainer:
             return None
+    return None
+
+
+def _step_of_its_own(cls: type) -> str | None:
+    """The qualified name of a ``training_step`` in ``cls``'s MRO that does not call ``super().training_step``
+    (read from its code's names), before Trainer's; None when every override passes on to the parent's."""
+    for klass in cls.__mro__:
+        if klass is Trainer:
+            return None
+        step = vars(klass).get("training_step")
+        if step is None or klass is ORTTrainerMixin:
+            continue
+        names = getattr(getattr(inspect.unwrap(step), "__code__", None), "co_names", ())
+        if not {"super", "training_step"} <= set(names):
+            return step.__qualname__
     return None
 
 

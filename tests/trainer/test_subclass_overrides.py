@@ -12,6 +12,7 @@ import torch
 from tiny_models import FAMILIES, build, rule_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 
+from ort_hf.module_with_loss import ModuleWithLoss
 from ort_hf.trainer import ORTTrainerMixin, ORTTrainingArguments
 from ort_hf.trainer.trainer_args import as_ort_args, ort_args_class_for
 
@@ -88,8 +89,10 @@ def test_an_own_training_step_trains_through_ort_as_the_plain_subclass(tmp_path,
     ours, trainer = _losses(mixed, ORTTrainingArguments, tmp_path / "ort")
     _assert_ort_ran(trainer)
     assert len(ours) == STEPS and ours == pytest.approx(plain, abs=1e-5)
-    if parent is StepThroughSuper:
-        assert trainer.steps == STEPS
+    if parent is StepThroughSuper:  # the parent's step, so Trainer's loss: ModuleWithLoss keeps label sparsity
+        assert trainer.steps == STEPS and isinstance(trainer._ort_run.loss_module, ModuleWithLoss)
+    else:  # its own call of the model: the model's outputs, not ModuleWithLoss's
+        assert trainer._ort_run.loss_module is None
 
 
 def test_a_training_step_that_bypasses_the_ort_module_stops_at_step_1(tmp_path):
