@@ -156,3 +156,16 @@ def test_grpo_config_rebuilds_as_its_ort_config(tmp_path, given):
     assert isinstance(ours, trl.GRPOConfig) and isinstance(ours, ORTTrainingArguments)
     for name in ("generation_batch_size", "steps_per_generation", "num_generations", "per_device_train_batch_size"):
         assert getattr(ours, name) == getattr(config, name), name
+
+
+def test_every_value_set_survives_the_rebuild(tmp_path):
+    import dataclasses
+
+    config = TrainingArguments(output_dir=str(tmp_path), report_to=[], learning_rate=3e-4, warmup_steps=7,
+                               lr_scheduler_type="cosine", gradient_accumulation_steps=3, logging_steps=5,
+                               save_strategy="no", eval_strategy="steps", eval_steps=11, seed=9, weight_decay=0.1,
+                               label_names=["y"], run_name="mine", max_grad_norm=0.5, use_cpu=True)
+    ours = as_ort_args(config, ORTTrainingArguments)
+    differing = [f.name for f in dataclasses.fields(TrainingArguments)
+                 if f.init and getattr(ours, f.name) != getattr(config, f.name)]
+    assert differing == []
