@@ -143,11 +143,16 @@ class FusedHeadCaller:
     trailing all-padding columns before ORT runs (their labels are -100); the per-token outputs are given
     those columns back, as zeros, which is what TRL's head returns there."""
 
-    def __init__(self, engine_module: nn.Module):
-        self.engine_module = engine_module
+    def __init__(self, engine_module: nn.Module, no_grad_model: nn.Module | None = None):
+        self.engine_module, self.no_grad_model = engine_module, no_grad_model
         self.label_density: float | None = None  # share of the label positions the head computed, last call
 
     def __call__(self, **inputs):
+        if self.no_grad_model is not None and not torch.is_grad_enabled():
+            # A forward without a backward inside the training step (KTO's KL estimate): TRL's head in
+            # PyTorch on the same weights, as DPO's reference. Through the engine it would be a second
+            # export (ORT's inference graph) and its memory, for a forward TRL already tiles.
+            return self.no_grad_model(**inputs)
         outputs = self.engine_module(**inputs)
         self.label_density = float(outputs["label_mask"].float().mean())
         labels = inputs.get("shift_labels")

@@ -9,6 +9,7 @@ Hugging Face model, so saved checkpoints are ordinary HF checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 
@@ -23,6 +24,7 @@ from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.fused_lm_head import FusedHeadCaller, FusedLMHeadModule
 from ..module_with_loss.module_with_loss import LossInPyTorch
 from ..trl.fused_head import fused_head_of
+from .bypass_check import EngineBypassCheck
 from .checks import (
     check_output_dir_writable,
     check_token_ids,
@@ -60,11 +62,12 @@ class ORTTrainerMixin:
         super().__init__(*args, **kwargs)
         self._ort_run = ORTRunState()
         self._fused_head = fused_head_of(self.model, self.args)  # TRL's fused LM head (SFTTrainer, DPOTrainer...)
-        # A Trainer subclass below the mixin with its own compute_loss (class weights, a focal loss,
-        # a reward model's pairwise loss) keeps it: ORT runs the model's forward and backward, the
-        # parent turns the outputs into the loss, and ModuleWithLoss (label sparsity) stays out.
-        parent_loss = super().compute_loss.__func__
-        self._parent_loss = None if parent_loss is Trainer.compute_loss else parent_loss.__qualname__
+        # A Trainer subclass with its own compute_loss (class weights, a focal loss, a reward model's
+        # pairwise loss), below the mixin or above it (a user's class over an ORT trainer), keeps it:
+        # ORT runs the model's forward and backward, that compute_loss turns the outputs into the
+        # loss, and ModuleWithLoss (label sparsity) stays out. So it does under a training_step that
+        # does not go through the parent's (it may call the model itself, expecting its own outputs).
+        self._parent_loss = _own_override(type(self), "compute_loss") or _step_of_its_own(type(self))
         if self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None and self._parent_loss:
             logger.info("ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
                         "is off for it.", self._parent_loss)
@@ -73,6 +76,9 @@ class ORTTrainerMixin:
     def _add_default_callbacks(self) -> None:
         if self.args.use_ort:
             self.add_callback(StepSeedCallback(self))
+            overrides = " / ".join(filter(None, (_own_override(type(self), n) for n in ("training_step", "compute_loss"))))
+            if overrides:  # they run ORT only if they call the model they are given
+                self.add_callback(EngineBypassCheck(self, overrides))
         present = {type(cb) for cb in self.callback_handler.callbacks}
         if self.args.ort_density_callback and InputDensityCallback not in present:
             self.add_callback(InputDensityCallback(print_every=self.args.ort_density_print_every))
@@ -285,7 +291,7 @@ class ORTTrainerMixin:
         run = self._ort_run
         if isinstance(run.loss_module, FusedLMHeadModule):
             # TRL's compute_loss builds its loss and metrics from the fused head's outputs; it calls the engine.
-            run.head_caller = FusedHeadCaller(model)
+            run.head_caller = FusedHeadCaller(model, no_grad_model=self.model)
             return super().compute_loss(run.head_caller, inputs, False, num_items_in_batch)
         # ModuleWithLoss computes the loss Trainer.compute_loss would (the label smoother's,
         # compute_loss_func's or the model's own, normalised by num_items_in_batch where the
@@ -332,6 +338,31 @@ class ORTTrainerMixin:
             for observer in self._observers():
                 observer.merge_into(self.args, self.state, logs)
         super().log(logs, start_time)
+
+
+def _own_override(cls: type, name: str) -> str | None:
+    """The qualified name of the first ``name`` in ``cls``'s MRO that is neither Trainer's nor the mixin's."""
+    for klass in cls.__mro__:
+        if name in vars(klass) and klass not in (ORTTrainerMixin, Trainer):
+            return vars(klass)[name].__qualname__
+        if klass is Trainer:
+            return None
+    return None
+
+
+def _step_of_its_own(cls: type) -> str | None:
+    """The qualified name of a ``training_step`` in ``cls``'s MRO that does not call ``super().training_step``
+    (read from its code's names), before Trainer's; None when every override passes on to the parent's."""
+    for klass in cls.__mro__:
+        if klass is Trainer:
+            return None
+        step = vars(klass).get("training_step")
+        if step is None or klass is ORTTrainerMixin:
+            continue
+        names = getattr(getattr(inspect.unwrap(step), "__code__", None), "co_names", ())
+        if not {"super", "training_step"} <= set(names):
+            return step.__qualname__
+    return None
 
 
 class ORTTrainer(ORTTrainerMixin, Trainer):

@@ -11,12 +11,14 @@ config is the same pattern written out, ``class MyConfig(ORTTrainingArguments, T
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import sys
 import types
 import typing
+import warnings
 
 from transformers import TrainingArguments
 
@@ -146,7 +148,8 @@ def _classes(annotation) -> list:
 
 def as_ort_args(args: TrainingArguments | None, target: type, expected: type = TrainingArguments):
     """``args`` as an instance of ``target``: unchanged when it already is one (or is an ORT config
-    of the parent's class); otherwise rebuilt with every value it was given, the ORT defaults added."""
+    of the parent's class); otherwise rebuilt from the values it was given (:func:`given_values`), the ORT
+    defaults added."""
     if args is None:
         return target(output_dir="trainer_output")
     if isinstance(args, target) or (isinstance(args, ORTTrainingArguments) and isinstance(args, expected)):
@@ -156,5 +159,50 @@ def as_ort_args(args: TrainingArguments | None, target: type, expected: type = T
     if isinstance(args, expected) and not issubclass(target, type(args)):
         target = ort_args_class_for(type(args))  # a subclass of the parent's config: keep its own fields too
     known = {f.name for f in dataclasses.fields(target) if f.init}
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and f.name in known}
-    return target(**values)
+    return target(**{name: value for name, value in given_values(args).items() if name in known})
+
+
+def given_values(args: TrainingArguments) -> dict:
+    """The init fields of ``args`` its ``__post_init__`` does not derive from the others: those away
+    from their default, less each one a fresh instance built without it derives to the same value.
+    Passing a derived field back as if set can make ``__post_init__`` raise (``GRPOConfig``:
+    ``generation_batch_size`` and ``steps_per_generation`` both set) or freeze a value the others
+    should decide."""
+    cls, fields = type(args), [f for f in dataclasses.fields(args) if f.init]
+    kept = {f.name: getattr(args, f.name) for f in fields if not _same(getattr(args, f.name), _default(f))}
+    for name in list(kept):
+        try:
+            with warnings.catch_warnings(), _quiet_transformers():
+                warnings.simplefilter("ignore")
+                probe = cls(**{k: v for k, v in kept.items() if k != name})
+        except Exception:  # noqa: BLE001, S112 - without it the config is invalid: the value was given
+            continue
+        if _same(getattr(probe, name), kept[name]):
+            del kept[name]
+    return kept
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def _same(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a truthy == (tensors): treat as different
+        return False
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """The probes' own log lines (deprecations, derived-value notices) are not the user's run's."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)

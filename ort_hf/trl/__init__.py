@@ -1,4 +1,4 @@
-"""TRL through ORT: ``ORTSFTTrainer`` / ``ORTSFTConfig`` and ``ORTDPOTrainer`` / ``ORTDPOConfig``.
+"""TRL through ORT: ``ORTSFTTrainer``, ``ORTDPOTrainer``, ``ORTKTOTrainer`` and ``ORTRewardTrainer``, with their configs.
 
 Needs ``pip install 'ort_hf[trl]'``; importing ``ort_hf.trl`` is cheap, TRL is imported when one
 of these names is first used.
@@ -13,11 +13,17 @@ _LAZY = {
     "ORTDPOConfig": "ort_hf.trl.configs",
     "ORTSFTTrainer": "ort_hf.trl.trainers",
     "ORTDPOTrainer": "ort_hf.trl.trainers",
+    "ORTRewardConfig": "ort_hf.trl.configs",
+    "ORTRewardTrainer": "ort_hf.trl.reward",
+    "ORTKTOConfig": "ort_hf.trl.configs",
+    "ORTKTOTrainer": "ort_hf.trl.kto",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
-    from .configs import ORTDPOConfig, ORTSFTConfig
+    from .configs import ORTDPOConfig, ORTKTOConfig, ORTRewardConfig, ORTSFTConfig
+    from .kto import ORTKTOTrainer
+    from .reward import ORTRewardTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."

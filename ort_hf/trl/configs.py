@@ -1,10 +1,10 @@
-"""``ORTSFTConfig`` and ``ORTDPOConfig``: TRL's configs with the ORT options (``--ort_*``, ``--use_ort``)."""
+"""``ORTSFTConfig``, ``ORTDPOConfig``, ``ORTKTOConfig`` and ``ORTRewardConfig``: TRL's configs with the ORT options (``--ort_*``, ``--use_ort``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl import DPOConfig, SFTConfig
+from trl import DPOConfig, KTOConfig, RewardConfig, SFTConfig
 
 from .arguments import ORTTRLArguments
 
@@ -39,3 +39,19 @@ class ORTDPOConfig(ORTTRLArguments, DPOConfig):
     def __post_init__(self):
         super().__post_init__()
         _refuse_without_loss_module(self)
+
+
+@dataclass
+class ORTKTOConfig(ORTTRLArguments, KTOConfig):
+    """``KTOConfig`` for :class:`ORTKTOTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
+    :class:`ORTSFTConfig`'s)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _refuse_without_loss_module(self)
+
+
+@dataclass
+class ORTRewardConfig(ORTTRLArguments, RewardConfig):
+    """``RewardConfig`` for :class:`ORTRewardTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
+    :class:`ORTSFTConfig`'s)."""
