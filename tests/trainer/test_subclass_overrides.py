@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from ort_hf.trainer.parent_binding import as_ort_args, ort_args_class_for
 from tiny_models import FAMILIES, build, rule_dataset, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.module_with_loss import ModuleWithLoss
 from ort_hf.trainer import ORTTrainerMixin, ORTTrainingArguments
+from ort_hf.trainer.parent_binding import as_ort_args, ort_args_class_for
 
 STEPS = 3
 
