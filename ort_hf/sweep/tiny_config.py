@@ -80,6 +80,9 @@ DEPTHS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_lay
 TYPE_OVERRIDES: dict[str, dict] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # expanded into attention_layers, one per layer
     "mamba2": {"num_heads": 8},  # heads x head_dim must equal expand (2) x hidden_size
+    # A quarter of HEAD_DIM is rotary: 2 frequencies, fewer than the 3 interleaved mRoPE sections, so a
+    # section's slice would be empty (no real config has that); 64 gives 8, as real ones give 32.
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text"), {"head_dim": 64}),
 }
 
 # Float attributes whose name holds one of these are randomness in training: set to 0.0, so that the
