@@ -91,3 +91,19 @@ def test_break_even_is_where_the_whole_runs_cross():
     ort = next(r for r in rows if r["variant"] == "ort")
     assert ort["break_even_steps"] == steps
     assert "| mlm | ort |" in markdown(rows, [], {}) and f"| {steps:.0f} |" in markdown(rows, [], {})
+
+
+def test_render_only_rewrites_by_cpu_from_the_folders_and_runs_nothing(tmp_path):
+    import pytest
+
+    from ort_hf.cli import main
+
+    with pytest.raises(SystemExit, match="no results in"):
+        main(["bench", "--out", str(tmp_path), "--render_only"])
+    for record, speed in ((make_record("AMD EPYC", "AVX2", 2), 2.61), (make_record("Intel Xeon", "AVX512", 2), 1.79)):
+        (tmp_path / record["key"]).mkdir()
+        (tmp_path / record["key"] / "bench.json").write_text(json.dumps(_report(record, speed)))
+    assert main(["bench", "--out", str(tmp_path), "--render_only"]) == 0
+    text = (tmp_path / "by-cpu.md").read_text()
+    assert "AMD EPYC, AVX2, 2 cores | Intel Xeon, AVX512, 2 cores |" in text
+    assert not list(tmp_path.glob("*/runs"))  # nothing ran
