@@ -164,7 +164,8 @@ def whole_run_verdict(ort: dict, pytorch: dict, cpu: dict) -> tuple[str, list[st
                 f"{whole:.2f}x PyTorch's (break-even: {format_break_even(steps)} steps).")
     figures = committed_wins()
     if figures:
-        text += ("\nWhere ORT does win, in this repository's committed benchmarks (ORT against eager samples/s, "
+        head = "Where ORT does win" if whole <= 1 else "For comparison, where ORT wins"
+        text += (f"\n{head}, in this repository's committed benchmarks (ORT against eager samples/s, "
                  "`make bench`; a ratio holds for its CPU kind):\n" + "\n".join(f"  - {f}" for f in figures))
     return text, figures
 
