@@ -4,5 +4,6 @@ loop, each run in a fresh worker process. Benchmarks, not tests: nothing here as
 
 Modules: ``spec`` (workloads, variants, settings), ``sources``/``data``/``models`` (what a
 worker trains), ``worker`` (one run, one process), ``timing``, ``runner`` (the processes),
-``summary`` (ratios, targets), ``render`` (markdown, JSON, PNG), ``main`` (the command).
+``summary`` (ratios, break-even points, targets), ``render`` (markdown, JSON, PNG), ``cpu`` (which CPU
+kind a result is from) and ``by_cpu`` (every kind's results side by side), ``main`` (the command).
 """

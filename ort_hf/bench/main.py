@@ -36,7 +36,13 @@ def _names(choices):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="outputs/bench", help="folder for bench.md, bench.json, bench.png, runs/, logs/")
+    parser.add_argument("--out", default="outputs/bench",
+                        help="folder of results: this CPU kind's bench.md, bench.json, bench.png, runs/ and logs/ go "
+                        "to OUT/<cpu kind>/ (e.g. amd-epyc-avx2-2cpu), beside other kinds' results, and OUT/by-cpu.md "
+                        "shows every kind's ratios side by side")
+    parser.add_argument("--render_only", action="store_true",
+                        help="run nothing: rewrite OUT/by-cpu.md from the results already in OUT/*/bench.json "
+                        "(targets from --targets when given)")
     parser.add_argument("--workloads", type=_names(list(WORKLOADS)), default=list(WORKLOADS),
                         help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--variants", type=_names(list(VARIANTS)), default=DEFAULT_VARIANTS,
@@ -75,21 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a worker is stopped")
 
 
-def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_before, results) -> dict:
+def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_before, results, cpu: dict) -> dict:
     def version(name):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     command = "ort-hf bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:]))
     return {
         "command": command.strip(),
         "date": datetime.datetime.now().isoformat(timespec="minutes"),
-        # The same tree gives very different ratios on different CPUs: compare within one machine.
-        "machine": f"{os.cpu_count()} CPUs ({cpu}; PyTorch's CPU kernels: {_torch_cpu_capability()}), "
+        # The same tree gives very different ratios on different CPUs: compare within one CPU kind.
+        "cpu": cpu,
+        "machine": f"{cpu['cores']} CPUs ({cpu['model']}; PyTorch's CPU kernels: {cpu['capability']}), "
                    f"{platform.system()} {platform.release()}",
         "tree": _git_revision(),
         "versions": (f"Python {platform.python_version()}, torch {version('torch')}, transformers "
@@ -109,13 +114,6 @@ def _conditions(args, settings: BenchSettings, argv: list[str] | None, load_befo
         "1-min load when each worker started (min / median / max)": _spread(
             [r["load_1min_at_start"] for r in results if "load_1min_at_start" in r]),
     }
-
-
-def _torch_cpu_capability() -> str:
-    """The instruction set PyTorch's CPU kernels dispatch to here (AVX512, AVX2, ...)."""
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability()
 
 
 def _git_revision() -> str:
@@ -141,6 +139,8 @@ def _spread(values: list[float]) -> str:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from .by_cpu import write_by_cpu
+    from .cpu import cpu_record
     from .render import bar_chart, markdown, write_json
     from .runner import run_all
     from .sources import BadModelDir
@@ -158,10 +158,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         spec = read_targets(args.targets) if args.targets else {}
     except BadTargets as exc:
         raise SystemExit(f"ort-hf bench: {exc}") from None
+    if args.render_only:
+        path = write_by_cpu(Path(args.out), spec)
+        if path is None:
+            raise SystemExit(f"ort-hf bench --render_only: no results in {args.out}/*/bench.json")
+        print(path.read_text())
+        print(f"ort-hf bench: wrote {path}")
+        return 0
     if "ort-budget" in args.variants and not args.memory_budget_mb:
         raise SystemExit("ort-hf bench: the ort-budget variant needs --memory_budget_mb (e.g. 30% below ort's peak).")
     variants = [BASELINE] + [v for v in args.variants if v != BASELINE]  # ratios need the baseline
-    out = Path(args.out)
+    cpu = cpu_record()
+    out = Path(args.out) / cpu["key"]  # a run on another CPU kind goes beside this one's, not over it
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     print(f"ort-hf bench: load average {load_before[0]:.2f} (a busy machine skews the numbers); "
@@ -175,12 +183,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         raise SystemExit(f"ort-hf bench: {exc}") from None
     rows = summarize(results)
     goals = check_targets(spec, rows, settings.dropout)
-    conditions = _conditions(args, settings, argv, load_before, results)
+    conditions = _conditions(args, settings, argv, load_before, results, cpu)
     text = markdown(rows, goals, conditions)
     (out / "bench.md").write_text(text)
     write_json(out / "bench.json", rows, goals, conditions, results)
     if any(r["status"] == "ok" for r in rows):
         bar_chart(out / "bench.png", rows)
+    by_cpu = write_by_cpu(Path(args.out), spec)
     print(text)
-    print(f"ort-hf bench: wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
+    print(f"ort-hf bench: wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}, and {by_cpu} "
+          "(every CPU kind's results in the folder, side by side)")
     return 0 if any(r["status"] == "ok" for r in rows) else 1

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..whole_run import format_break_even
+from .cpu import describe, record_of
 from .spec import BASELINE
+from .summary import break_even
 
 
 def _f(value, fmt="{:.2f}", missing="–"):
     return missing if value is None else fmt.format(value)
 
 
-def _row_cells(r: dict) -> list[str]:
+def _row_cells(r: dict, rows: list[dict]) -> list[str]:
     if r["status"] != "ok":
         return [r["workload"], r["variant"], r["status"].upper(), r.get("reason", "")] + [""] * (len(HEADER) - 4)
     speed = _f(r.get("speedup"), "{:.2f}x")
@@ -33,6 +36,7 @@ def _row_cells(r: dict) -> list[str]:
         f"{_f(r['export_s'], '{:.1f}')} / {_f(r.get('export_peak_mb'), '{:.0f}')} / {_f(r['ort_init_s'], '{:.1f}')}",
         _f(r["first_step_s"], "{:.1f}"),
         _whole_run(r),
+        "–" if (steps := break_even(r, rows)) is None else format_break_even(steps),
         loss,
         diff,
     ]
@@ -47,14 +51,17 @@ def _whole_run(r: dict) -> str:
 HEADER = ["workload", "variant", "engine", "samples/s median (min–max)", "vs eager (per-round range)",
           "non-pad tokens/s", "step ms median [IQR]", "peak RSS MB run / first step / steady",
           "export s / export peak MB / ORT init s",
-          "first step s", "train() s (vs eager)", "final loss @step", "loss rel. diff vs eager"]
+          "first step s", "train() s (vs eager)", "whole run faster from step", "final loss @step", "loss rel. diff vs eager"]
 
 
 def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
     lines = ["# ort-hf bench", ""]
-    lines += [f"- {key}: {value}" for key, value in conditions.items()]
+    cpu = record_of(conditions)
+    if cpu is not None:  # every ratio below holds for this CPU kind only
+        lines += [f"CPU: {describe(cpu)} (results folder {cpu['key']})", ""]
+    lines += [f"- {key}: {value}" for key, value in conditions.items() if key != "cpu"]
     lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(_row_cells(r)) + " |" for r in rows]
+    lines += ["| " + " | ".join(_row_cells(r, rows)) + " |" for r in rows]
     lines += ["", "Columns: samples/s and tokens/s are over the measured steps (warm-up and export "
               "excluded), median over rounds; the ratio is to eager's median in this invocation, the range "
               "its per-round paired ratios. Step time pools all measured steps of all rounds; a step runs from "
@@ -69,6 +76,9 @@ def markdown(rows: list[dict], targets: list[dict], conditions: dict) -> str:
               "the export or compilation in the first step included, median over rounds: what a stopwatch around "
               "trainer.train() sees. Its ratio (eager's time over this variant's) counts that one-off cost, which "
               "the steady ratio leaves out, so on a short run it is the lower of the two for ORT and compile. "
+              "Whole run faster from step = the break-even point: the fewest steps (the first included) for "
+              "which this variant's first step plus its median steps take less time than eager's; a run "
+              "shorter than that is faster in eager ('never': no saving per step). "
               "With dropout on, each engine draws its own masks and the losses differ by that; --dropout 0 "
               "compares them."]
     sizes = [r for r in rows if r["variant"] == BASELINE and r.get("params_m")]

@@ -3,9 +3,11 @@ in the same invocation, and loss agreement."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 
+from ..whole_run import break_even_steps
 from .spec import BASELINE, VARIANTS
 from .stats import quantile
 
@@ -29,7 +31,21 @@ def summarize(results: list[dict]) -> list[dict]:
     for row in rows:
         _compare(row, base.get(row["workload"]))
         _compare_same_input(row, rows)
+        if (steps := break_even(row, rows)) is not None:
+            row["break_even_steps"] = None if math.isinf(steps) else steps  # None: never (JSON has no inf)
     return rows
+
+
+def break_even(row: dict, rows: list[dict]) -> float | None:
+    """The fewest steps for which ``row``'s whole run beats eager's (``ort_hf.whole_run``): from
+    each one's first step (ORT: export, gradient graph, session and the step) and median step.
+    Computed from stored rows, so results written before this figure existed render it too."""
+    base = find_row(rows, row["workload"], BASELINE)
+    if row["status"] != "ok" or base is None or row is base or row.get("first_step_s") is None \
+            or base.get("first_step_s") is None:
+        return None
+    return break_even_steps(row["first_step_s"], row["step_median_ms"] / 1000, base["first_step_s"],
+                            base["step_median_ms"] / 1000)
 
 
 def _compare_same_input(row: dict, rows: list[dict]) -> None:

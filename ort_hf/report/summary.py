@@ -64,6 +64,11 @@ def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, 
         "recompute": bool(_first(history, "memory/recompute")) if _first(history, "memory/recompute") is not None else None,
         "embed_density": _median(history, "density/embed"),
         "train_loss": train_metrics.get("train_loss"),
+        # The whole run, as a stopwatch around train() sees it: the first step (ORT: export, gradient
+        # graph, session) and the rest, for the break-even point (ort_hf.whole_run).
+        "train_runtime_s": train_metrics.get("train_runtime"),
+        "first_step_s": _first(history, "ort/first_step_s"),
+        "steps": trainer.state.global_step,
     }
 
 
@@ -98,7 +103,35 @@ def format_comparison(ort: dict, pytorch: dict) -> str:
         a, b = ort.get(key), pytorch.get(key)
         ratio = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not isinstance(a, bool) else None
         lines.append(f"  {name:<28} {format_value(a):>14} {format_value(b):>14} {(f'{ratio:.2f}x' if ratio else '-'):>12}")
-    return "\n".join(lines)
+    return "\n".join(lines + whole_run_lines(ort, pytorch))
+
+
+def later_step_s(summary: dict) -> float | None:
+    """The mean time of the steps after the first (the run's time less its first step)."""
+    runtime, first, steps = summary.get("train_runtime_s"), summary.get("first_step_s"), summary.get("steps")
+    if runtime is None or first is None or not steps or steps < 2:
+        return None
+    return (runtime - first) / (steps - 1)
+
+
+def whole_run_lines(ort: dict, pytorch: dict) -> list[str]:
+    """The whole run against PyTorch's (the first step included) and the break-even point."""
+    from ..whole_run import break_even_steps, format_break_even
+
+    ort_step, pytorch_step = later_step_s(ort), later_step_s(pytorch)
+    if ort_step is None or pytorch_step is None:
+        return []
+    whole = pytorch["train_runtime_s"] / ort["train_runtime_s"]
+    steps = break_even_steps(ort["first_step_s"], ort_step, pytorch["first_step_s"], pytorch_step)
+    return [
+        f"  {'first step s':<28} {ort['first_step_s']:>14.2f} {pytorch['first_step_s']:>14.2f}",
+        f"  {'later steps, mean s':<28} {ort_step:>14.3f} {pytorch_step:>14.3f} {pytorch_step / ort_step:>11.2f}x",
+        f"  {'whole run (train()) s':<28} {ort['train_runtime_s']:>14.1f} {pytorch['train_runtime_s']:>14.1f} "
+        f"{whole:>11.2f}x",
+        f"  {'whole run faster from step':<28} {format_break_even(steps):>14}",
+        "  (time rows: the ratio is PyTorch's time over ORT's, above 1 where ORT is faster; the break-even point is "
+        "the fewest steps for which ORT's first step plus its later steps take less time than PyTorch's)",
+    ]
 
 
 def _with_option(argv: list[str], name: str, value: str) -> list[str]:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from ort_hf.bench.cpu import cpu_record
 from ort_hf.cli import main
 
 ROW_KEYS = {
@@ -22,8 +23,9 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
         csv.writer(f).writerows([("sentence", "label"), *((s, i % 2) for i, s in enumerate(rows))])
     goals_file = tmp_path / "targets.toml"
     goals_file.write_text('[every_workload]\nat_least = 0.97\n[init]\nworkloads = ["sst2-dynamic"]\nat_most_s = 5\n')
-    out = tmp_path / "bench"
-    code = main(["bench", "--out", str(out), "--workloads", "sst2-dynamic,mlm", "--variants", "eager,ort",
+    root = tmp_path / "bench"
+    out = root / cpu_record()["key"]  # this CPU kind's folder: another kind's results go beside it
+    code = main(["bench", "--out", str(root), "--workloads", "sst2-dynamic,mlm", "--variants", "eager,ort",
                  "--rounds", "1", "--steps", "3", "--warmup_steps", "1", "--batch_size", "2", "--seq_len", "32",
                  "--model_dir", str(tiny_model_dir), "--train_file", str(train), "--targets", str(goals_file)])
     assert code == 0
@@ -47,6 +49,8 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert "final_loss_rel_diff" in rows_by_variant["ort"]
     assert {"command", "threads", "versions"} <= set(report["conditions"])
     assert "PyTorch's CPU kernels: " in report["conditions"]["machine"]  # ratios depend on the CPU
+    assert report["conditions"]["cpu"] == cpu_record()
+    assert rows_by_variant["ort"]["break_even_steps"] is None or rows_by_variant["ort"]["break_even_steps"] >= 1
     goals = {t["target"]: t for t in report["targets"]}
     speedup = rows_by_variant["ort"]["speedup"]
     assert goals["no workload's ort below 0.97x eager (median)"]["met"] == (speedup >= 0.97)
@@ -75,4 +79,8 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert "train() s (vs eager)" in table
     assert "| sst2-dynamic | ort | ort |" in table and "| sst2-dynamic | eager | pytorch |" in table
     assert table in printed
+    assert table.startswith(f"# ort-hf bench\n\nCPU: {cpu_record()['model']}")
+    assert "whole run faster from step" in table
+    by_cpu = (root / "by-cpu.md").read_text()
+    assert "| sst2-dynamic | ort |" in by_cpu and f"## {cpu_record()['model']}" in by_cpu
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

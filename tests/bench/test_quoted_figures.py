@@ -1,14 +1,16 @@
 """Every ratio quoted in README.md and docs/*.md comes from a committed benchmark result.
 
-docs/results/*.json are the raw outputs of the `ort-hf bench` commands named in
-docs/benchmarks.md; each .md next to one is that run's table, and must be exactly what
-`ort-hf bench` renders from the JSON. A ratio ("2.19x") or a results-table row in the docs that
+docs/results/<set>/<cpu kind>/bench.json are the raw outputs of the `ort-hf bench` commands named in
+docs/benchmarks.md (each set an --out folder, a folder per CPU kind in it); each bench.md next to one
+is that run's table, and must be exactly what `ort-hf bench` renders from the JSON, and each set's
+by-cpu.md what `ort-hf bench --render_only` renders from its folders. A ratio ("2.19x") or a results-table row in the docs that
 no committed result produces fails here."""
 
 import json
 import re
 from pathlib import Path
 
+from ort_hf.bench.by_cpu import BY_CPU_FILE, load_results, markdown_by_cpu
 from ort_hf.bench.render import markdown
 from ort_hf.bench.spec import WORKLOADS
 
@@ -21,9 +23,12 @@ RANGE = re.compile(r"(?<![\w.])\d+\.\d+–\d+\.\d+(?![\w.])")  # a per-round ran
 
 def _rendered() -> dict[str, str]:
     tables = {}
-    for path in sorted(RESULTS.glob("*.json")):
+    for path in sorted(RESULTS.glob("*/*/bench.json")):
         report = json.loads(path.read_text())
-        tables[path.stem] = markdown(report["rows"], report["targets"], report["conditions"])
+        tables[str(path.with_suffix(".md").relative_to(RESULTS))] = markdown(report["rows"], report["targets"],
+                                                                           report["conditions"])
+    for folder in sorted({path.parent.parent for path in RESULTS.glob("*/*/bench.json")}):
+        tables[str((folder / BY_CPU_FILE).relative_to(RESULTS))] = markdown_by_cpu(load_results(folder))
     return tables
 
 
@@ -31,7 +36,7 @@ def test_each_committed_table_is_what_the_bench_renders_from_its_json():
     tables = _rendered()
     assert tables, f"no benchmark results committed in {RESULTS}"
     for name, text in tables.items():
-        assert (RESULTS / f"{name}.md").read_text() == text, f"{name}.md differs from its JSON's rendering"
+        assert (RESULTS / name).read_text() == text, f"{name} differs from its JSON's rendering"
 
 
 def test_quoted_ratios_and_table_rows_come_from_the_committed_results():

@@ -3,6 +3,8 @@ faster one. Which one is faster depends on the machine, so each outcome is force
 medians; the run must stay one run either way (losses, weights and optimizer state of an
 uninterrupted Trainer run from the same seed)."""
 
+import logging
+
 import pytest
 import torch
 from tiny_models import FAMILIES, build, rule_dataset, tiny_args
@@ -43,7 +45,7 @@ def _trainer_run(output_dir):
 
 
 @pytest.mark.parametrize("faster", ["ort", "pytorch"])
-def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, faster):
+def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, caplog, faster):
     medians = (0.01, 0.02) if faster == "ort" else (0.02, 0.01)  # (ORT, PyTorch) seconds per step
     monkeypatch.setattr(BreakEvenCallback, "medians", lambda self: medians)
     ort_runs = []
@@ -53,7 +55,8 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
     model = build(FAMILIES["bert-cls"])
     args = tiny_args(ORTTrainingArguments, tmp_path / "ort", use_ort="auto", ort_compare_steps=2, **COMMON)
     trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset(64))
-    trainer.train()
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
 
     # Step 1 exports, 2-3 through ORT, 4-5 in PyTorch, 6-8 on the faster engine.
     assert len(ort_runs) == (6 if faster == "ort" else 3)
@@ -63,6 +66,13 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, f
                                                   "pytorch": "pytorch (--use_ort auto measured it faster)"}[faster]
     logged = [h for h in trainer.state.log_history if "ort/auto_chose_pytorch" in h]
     assert len(logged) == 1 and logged[0]["ort/auto_chose_pytorch"] == float(faster == "pytorch")
+    # The log line states the break-even point and what it means for this run's 8 steps.
+    (said,) = [r.getMessage() for r in caplog.records if "measured in this run" in r.getMessage()]
+    if faster == "ort":
+        assert f"whole run is the faster from {logged[0]['ort/break_even_steps']:.0f} steps on" in said
+    else:
+        assert logged[0]["ort/break_even_steps"] == float("inf") and "never the faster" in said
+    assert "this run's 8 steps at these rates" in said
 
     reference = _trainer_run(tmp_path / "trainer")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

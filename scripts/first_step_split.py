@@ -1,0 +1,213 @@
+"""Where ORT's first training step spends its time, against eager's first step (issue 44).
+
+For each workload (the bench's: ``sst2-dynamic`` on the packaged MiniLM, ``clm`` on its tiny
+Llama, ``lora-55m``...), one fresh process per engine trains ``--steps`` steps through ORTTrainer
+(``use_ort`` true / false). In the ORT process the engine's stages are timed by wrapping ORT's and
+ort_hf's own entry points (outermost, after ort_hf's patches): the engine import (onnxruntime, the
+C++ extensions), the pre-flight check, the export (its output-structure pass, a PyTorch forward, and
+torch.onnx.export's trace and ONNX passes), the post-export processing
+(ONNX shape inference, ort_hf's graph rewrites), the graph builder's initialisation, the gradient
+graph build and the session creation; what is left of the first step is its forward and backward.
+
+    python scripts/first_step_split.py --data_dir ../shared/data --workloads sst2-dynamic,clm \\
+        --out docs/results/first-step/<cpu key>.json
+
+prints a table and writes the raw timings as JSON. Each stage is timed twice: wall clock, and the
+CPU time the process used (every thread's; ``time.process_time``), which other processes on a
+busy machine inflate far less than the wall clock. A diagnostic, not a test: no figure is checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# (label, owner, attribute, static): the stages, in the order the first step reaches them.
+STAGES = (
+    ("pre-flight check (first batch in PyTorch)", "ort_hf.engine.preflight", "run_preflight", False),
+    ("export: ORT's _export_model, less the two parts below", "onnxruntime.training.ortmodule._graph_transition_manager:GraphTransitionManager",
+     "_export_model", True),
+    ("  export, part: output-structure pass (a PyTorch forward)", "onnxruntime.training.ortmodule._io",
+     "parse_outputs_for_onnx_export_and_extract_schema", False),
+    ("  export, part: torch.onnx.export (trace, ONNX passes)", "torch.onnx", "export", False),
+    ("post-export: shape inference, ort_hf rewrites", "onnxruntime.training.ortmodule._graph_transition_manager:"
+     "GraphTransitionManager", "_post_export_process", True),
+    ("graph builder init (pre-gradient passes)", "onnxruntime.training.ortmodule._graph_execution_manager:"
+     "GraphExecutionManager", "_initialize_graph_builder", False),
+    ("gradient graph build and optimisation", "onnxruntime.training.ortmodule._training_manager:TrainingManager",
+     "_build_graph", False),
+    ("session creation", "onnxruntime.training.ortmodule._training_manager:TrainingManager",
+     "_create_execution_agent", False),
+)
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: tuple[float, float]) -> tuple[float, float]:
+    wall, cpu = _clock()
+    return wall - start[0], cpu - start[1]
+
+
+def _wrap_stages(times: dict[str, list[float]]) -> None:
+    """Each stage's own [wall, CPU] seconds (a stage reached inside another, e.g. the export inside
+    the pre-flight check, counts once, in its own line)."""
+    import importlib
+
+    stack: list[list[float]] = []  # per open stage: the [wall, CPU] its nested stages took
+
+    for label, where, attr, static in STAGES:
+        module_name, _, cls_name = where.partition(":")
+        owner = importlib.import_module(module_name)
+        if cls_name:
+            owner = getattr(owner, cls_name)
+        original = owner.__dict__[attr].__func__ if static else getattr(owner, attr)
+
+        def timed(*args, _original=original, _label=label, **kwargs):
+            start = _clock()
+            stack.append([0.0, 0.0])
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                took = _since(start)
+                nested = stack.pop()
+                total = times.setdefault(_label, [0.0, 0.0])
+                for i in (0, 1):
+                    total[i] += took[i] - nested[i]
+                    if stack:
+                        stack[-1][i] += took[i]
+
+        if cls_name:
+            setattr(owner, attr, staticmethod(timed) if static else timed)
+        else:  # a module function: patch it where the engine calls it from too
+            setattr(owner, attr, timed)
+            import ort_hf.engine.wrap as wrap_module
+
+            if getattr(wrap_module, attr, None) is original:
+                setattr(wrap_module, attr, timed)
+
+
+def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from transformers import TrainerCallback
+
+    from ort_hf.bench.data import build_dataset, collator_for, num_labels
+    from ort_hf.bench.models import build_model, load_tokenizer
+    from ort_hf.bench.spec import WORKLOADS, BenchSettings
+    from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
+    workload = WORKLOADS[workload_name]
+    settings = BenchSettings(steps=steps, warmup_steps=1, threads=threads, data_dir=data_dir)
+    tokenizer = load_tokenizer(settings)
+    dataset = build_dataset(workload, settings, tokenizer)
+    model = build_model(workload, settings, tokenizer, num_labels=num_labels(dataset) or 2)
+    times: dict[str, list[float]] = {}
+    if engine == "ort":
+        from ort_hf.engine.runtime import ensure_engine
+
+        start = _clock()
+        ensure_engine()  # onnxruntime.training, ORTModule's patches and the C++ extensions
+        times["engine import: onnxruntime, C++ extensions"] = list(_since(start))
+        _wrap_stages(times)
+
+    clocked: list[tuple[float, float]] = []  # (wall, CPU) of each step
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = _clock()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clocked.append(_since(self.start))
+
+    with tempfile.TemporaryDirectory() as out:
+        args = ORTTrainingArguments(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=settings.batch_for(workload),
+            learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
+            dataloader_num_workers=0, use_ort=engine == "ort", ort_fallback="disable", ort_intra_op_threads=threads)
+        trainer = ORTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator_for(workload, tokenizer),
+                             callbacks=[StepClock()])
+        trainer.train()
+        status = trainer.ort_engine_status()
+    later = sorted(clocked[1:])
+    return {"workload": workload_name, "engine": status.backend if status is not None else "pytorch",
+            "first_step_s": list(clocked[0]), "steady_step_s": list(later[len(later) // 2]),
+            "stages_s": times, "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="sst2-dynamic,clm")
+    parser.add_argument("--data_dir", default="../shared/data")
+    parser.add_argument("--steps", type=int, default=4, help="steps per run: the first, then steady ones")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=None, help="JSON file for the raw timings")
+    parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "ENGINE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(*args.worker, args.steps, args.data_dir, args.threads)))
+        return 0
+
+    from ort_hf.bench.cpu import cpu_record
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results = []
+    for workload in args.workloads.split(","):
+        for engine in ("eager", "ort"):  # a fresh process each, as a user's run starts
+            proc = subprocess.run([sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps),
+                                   "--data_dir", args.data_dir, "--threads", str(args.threads)],
+                                  capture_output=True, text=True, env=env, check=False)
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                return 1
+            results.append(json.loads(line[len("RESULT "):]))
+    report = {"command": "python scripts/first_step_split.py " + " ".join(sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()), "cpu": cpu_record(),
+              "load_1min_at_end": os.getloadavg()[0], "results": results}
+    print(render(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def render(report: dict) -> str:
+    cpu = report["cpu"]
+    lines = [f"First step, {cpu['model']}, {cpu['capability']}, {cpu['cores']} cores ({report['date']}, 1-min load "
+             f"{report['load_1min_at_end']:.2f} at the end); seconds as wall clock / CPU time of the process", ""]
+    by_workload: dict[str, dict[str, dict]] = {}
+    for r in report["results"]:
+        by_workload.setdefault(r["workload"], {})[r["engine"]] = r
+    for workload, runs in by_workload.items():
+        eager, ort = runs.get("pytorch"), runs.get("ort")
+        if not (eager and ort):
+            continue
+        lines.append(f"{workload} ({ort['params_m']:.1f}M parameters): first step eager {_pair(eager['first_step_s'])}, "
+                     f"ORT {_pair(ort['first_step_s'])} (CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x "
+                     f"eager's); later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}")
+        inside = [0.0, 0.0]
+        order = ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
+        for label, pair in sorted(ort["stages_s"].items(), key=lambda item: order.index(item[0])):
+            lines.append(f"  {label:<55} {_pair(pair)}")
+            if not label.startswith("engine import"):
+                inside = [inside[0] + pair[0], inside[1] + pair[1]]
+        rest = [ort["first_step_s"][i] - inside[i] for i in (0, 1)]
+        lines.append(f"  {'rest of the first step (forward, backward, optimizer)':<55} {_pair(rest)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _pair(pair) -> str:
+    return f"{pair[0]:6.2f} / {pair[1]:6.2f} s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
