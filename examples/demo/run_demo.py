@@ -31,8 +31,14 @@ from ort_hf.bench.cpu import cpu_record, describe
 from ort_hf.bench.spec import WORKLOADS
 from ort_hf.bench.tables import read_table
 from ort_hf.report import render_report
-from ort_hf.report.summary import (SUMMARY_FILE, format_comparison, format_summary, later_step_s, run_summary,
-                                   write_summary)
+from ort_hf.report.summary import (
+    SUMMARY_FILE,
+    format_comparison,
+    format_summary,
+    later_step_s,
+    run_summary,
+    write_summary,
+)
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 from ort_hf.whole_run import break_even_steps, format_break_even
 
