@@ -42,3 +42,14 @@ def chunked_head_refusal(module: ModuleWithLoss, batch: dict, pythonop: bool) ->
     if logits.shape != projected.shape or not torch.allclose(logits.float(), projected.float(), rtol=1e-5, atol=1e-5):
         return f"{type(model).__name__}'s logits are not its head's projection of its backbone's hidden states"
     return None
+
+
+def fused_in_graph(graph) -> bool:
+    """Whether ORT's training graph runs the fused loss as a PythonOp (not inlined: its forward's
+    chunk loop, traced, would be fixed to the first batch's length)."""
+    from .chunked_lm_loss import ChunkedLinearCrossEntropy
+
+    graph = getattr(graph, "graph", graph)
+    name = f"{ChunkedLinearCrossEntropy.__module__}.{ChunkedLinearCrossEntropy.__qualname__}"
+    return any(node.op_type == "PythonOp" and any(a.name == "func_name" and a.s.decode() == name
+                                                    for a in node.attribute) for node in graph.node)

@@ -14,7 +14,10 @@ labels that are not ``ignore_index``, the projection as ``nn.Linear`` computes i
 chunk buffer.
 
 Inside ORT the Function runs as a ``PythonOp`` (ORT's custom autograd, the form ORT's label
-sparsity detector takes too): the backbone's forward and backward stay ORT's graph.
+sparsity detector takes too): the backbone's forward and backward stay ORT's graph. ORT runs its
+graph with PyTorch on one thread (``ORTOptions.torch_threads_in_graph``: PyTorch's OpenMP workers
+would spin on ORT's cores after every ATen node); the chunks' GEMMs are most of a small LM's step,
+so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration.
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     for 2-D float32 ``hidden`` (rows, features) and 1-D ``labels``, in row chunks."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, ignore_index: int):
+    def forward(ctx, hidden, weight, bias, labels, ignore_index: int, threads: int):
+        outside = torch.get_num_threads()
+        torch.set_num_threads(max(threads, outside))
+        try:
+            return ChunkedLinearCrossEntropy._fused(ctx, hidden, weight, bias, labels, ignore_index)
+        finally:
+            torch.set_num_threads(outside)
+
+    @staticmethod
+    def _fused(ctx, hidden, weight, bias, labels, ignore_index: int):
         rows, vocab = hidden.shape[0], weight.shape[0]
         wants = ctx.needs_input_grad
         grad_hidden = torch.empty_like(hidden) if wants[0] else None
@@ -75,11 +87,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved = ctx.saved_tensors
-        return (*(g * grad if has else None for g, has in zip(saved, ctx.has)), None, None)
+        return (*(g * grad if has else None for g, has in zip(saved, ctx.has)), None, None, None)
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                 labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+                                 labels: torch.Tensor, ignore_index: int, threads: int = 1) -> torch.Tensor:
     """The summed cross-entropy of ``hidden @ weight.T + bias`` against ``labels`` (2-D hidden,
-    1-D labels), without the full logits."""
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index)
+    1-D labels), without the full logits; ``threads``: PyTorch's threads for it, at least."""
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, threads)

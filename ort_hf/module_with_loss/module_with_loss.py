@@ -78,6 +78,7 @@ class ModuleWithLoss(nn.Module):
         self.per_num_items = True
         self.loss_in_graph = True
         self.chunked_head = False
+        self.head_threads = 1  # PyTorch's threads for the fused head (its count outside ORT's graph)
 
     def use(self, choice) -> None:
         """Take a ``loss_choice.LossChoice`` (made on the first batch, before ORT exports)."""
@@ -174,7 +175,7 @@ class ModuleWithLoss(nn.Module):
         head = model.get_output_embeddings()
         labels = self.token_labels(labels).to(hidden.device)
         summed = chunked_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, labels,
-                                              IGNORE_INDEX)
+                                              IGNORE_INDEX, self.head_threads)
         return _per_item(summed, labels, num_items_in_batch)
 
     def is_class_label(self, labels: torch.Tensor | None) -> bool:

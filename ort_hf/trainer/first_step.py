@@ -13,7 +13,7 @@ import torch
 
 from ..engine import SPARSITY_THRESHOLD
 from ..module_with_loss import ModuleWithLoss
-from ..module_with_loss.chunked_head import chunked_head_refusal
+from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
 from ..module_with_loss.loss_choice import choose_loss
 from ..module_with_loss.module_with_loss import CROSS_ENTROPY
@@ -59,6 +59,7 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
     refusal = chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss off"
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
+        module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
         logger.info("ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
                     "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss false to turn off).",
                     100 * density)
@@ -85,6 +86,11 @@ def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, a
                     "false turns it off.", rewrite.unpadded_nodes, rewrite.pads)
     if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
         logs.update(head_rows_report(engine.training_graph(), module, head_caller))
+    if isinstance(module, ModuleWithLoss) and module.chunked_head and status.backend == "ort":
+        graph = engine.training_graph()
+        if graph is not None and not fused_in_graph(graph):
+            raise RuntimeError("ORT's graph does not run ort_hf's fused LM-head loss as a PythonOp, so its "
+                               "gradient is not the one computed for it: train with --ort_chunked_lm_loss false.")
     if (not isinstance(module, ModuleWithLoss) or labels is None or labels.dim() < 2 or status.backend != "ort"
             or not module.loss_in_graph or module.loss_kind != CROSS_ENTROPY):
         return logs  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove

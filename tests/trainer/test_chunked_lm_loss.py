@@ -11,6 +11,7 @@ from transformers import Trainer, TrainingArguments
 from ort_hf.engine import ORTOptions, wrap_model
 from ort_hf.module_with_loss import ModuleWithLoss
 from ort_hf.module_with_loss import chunked_lm_loss
+from ort_hf.module_with_loss.chunked_head import fused_in_graph
 from ort_hf.module_with_loss.chunked_lm_loss import chunked_linear_cross_entropy
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
@@ -48,13 +49,6 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     assert results[1][1][[0, 7, 19]].abs().max() == 0  # ignored rows get no gradient
 
 
-def _python_ops(engine) -> list[str]:
-    graph = engine.training_graph()
-    graph = getattr(graph, "graph", graph)
-    return [next(a.s.decode() for a in n.attribute if a.name == "func_name") for n in graph.node
-            if n.op_type == "PythonOp"]
-
-
 @pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
 def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
     """GPT-2 (tied embeddings, Conv1D, gelu_new) and Llama (SwiGLU, untied head); -100 on padding."""
@@ -77,4 +71,46 @@ def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
         for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
             torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     assert engine.engine_status().backend == "ort"
-    assert any(name.endswith("ChunkedLinearCrossEntropy") for name in _python_ops(engine))
+    assert fused_in_graph(engine.training_graph())
+
+
+SEQ, ROWS = 32, 32
+
+
+def _dense_dataset():
+    """Causal-LM rows with a few ignored labels (2%, and the shift ignores 1 of 32: dense, above label
+    sparsity's 90% threshold)."""
+    return id_dataset(ROWS, SEQ, lambda ids, g: ids.masked_fill(torch.rand(ids.shape, generator=g) < 0.02, -100))
+
+
+def _train(cls_trainer, cls_args, out, family, **kw):
+    args = dict(max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-2,
+                optim="sgd")  # SGD: the weights move by lr x the gradients, so they compare the gradients
+    args.update(kw)
+    model = build(FAMILIES[family])
+    trainer = cls_trainer(model=model, args=tiny_args(cls_args, out, **args), train_dataset=_dense_dataset())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
+def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
+    _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
+    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family)
+    assert trainer.ort_engine_status().backend == "ort"
+    logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
+    assert logged["ort/chunked_lm_loss"] == 1.0 and logged["ort/loss_in_graph"] == 1.0
+    assert fused_in_graph(trainer.ort_engine.training_graph())
+    assert trainer.ort_engine.label_sparsity_fired() is False
+    assert len(losses) == 4 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-5
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_switched_off_the_loss_runs_in_pytorch(tmp_path):
+    trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1,
+                           ort_chunked_lm_loss=False)
+    logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
+    assert logged["ort/chunked_lm_loss"] == 0.0 and logged["ort/loss_in_graph"] == 0.0
+    assert not fused_in_graph(trainer.ort_engine.training_graph())
