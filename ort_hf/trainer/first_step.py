@@ -56,12 +56,12 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
 def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool) -> None:
     """Dense labels: the causal LM's head and loss fused in the graph where that is exact, else the loss
     in PyTorch from ORT's logits."""
-    refusal = chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss off"
+    refusal = chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss is off"
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
         logger.info("ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
-                    "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss false to turn off).",
+                    "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",
                     100 * density)
         return
     logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first batch) leaves "

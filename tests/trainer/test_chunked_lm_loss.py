@@ -97,7 +97,8 @@ def _train(cls_trainer, cls_args, out, family, **kw):
 @pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
 def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
-    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family)
+    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family,
+                                     ort_chunked_lm_loss=True)
     assert trainer.ort_engine_status().backend == "ort"
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
     assert logged["ort/chunked_lm_loss"] == 1.0 and logged["ort/loss_in_graph"] == 1.0
@@ -108,9 +109,8 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-def test_switched_off_the_loss_runs_in_pytorch(tmp_path):
-    trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1,
-                           ort_chunked_lm_loss=False)
+def test_by_default_the_loss_runs_in_pytorch(tmp_path):
+    trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1)
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
     assert logged["ort/chunked_lm_loss"] == 0.0 and logged["ort/loss_in_graph"] == 0.0
     assert not fused_in_graph(trainer.ort_engine.training_graph())

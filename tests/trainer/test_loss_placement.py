@@ -1,5 +1,5 @@
 """Where ModuleWithLoss's cross-entropy runs: inside the ORT graph when label sparsity can fire,
-in PyTorch from ORT's logits when labels are dense and the fused chunked head is off (on:
+in PyTorch from ORT's logits when labels are dense (unless --ort_chunked_lm_loss:
 test_chunked_lm_loss.py). Same losses either way."""
 
 import pytest
@@ -39,10 +39,10 @@ def pytorch_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("placement", ["auto", "always"])
-def test_dense_causal_lm_labels_without_the_fused_head_keep_the_loss_in_pytorch(pytorch_runs, tmp_path, placement):
+def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs, tmp_path, placement):
     _, ref_losses, ref_params = pytorch_runs[0]
     trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(0),
-                                     ort_loss_in_graph=placement, ort_chunked_lm_loss=False)
+                                     ort_loss_in_graph=placement)
     assert trainer.ort_engine_status().backend == "ort"
     assert _logged(trainer, "ort/loss_in_graph") == (placement == "always")
     assert trainer.ort_engine.label_sparsity_fired() is False  # nothing to drop at ~97% density
