@@ -14,6 +14,8 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,
@@ -116,8 +118,19 @@ def _bert_base(vocab_size: int, seq_len: int, dropout: float | None, num_labels:
     return BertForSequenceClassification(_with_dropout(config, dropout))
 
 
+GPT2_VOCAB = 50257  # GPT-2's vocabulary: the head's cost; the packaged tokenizer's ids all fall inside it
+
+
+def _gpt2_4x256(seq_len: int, dropout: float | None) -> nn.Module:
+    config = GPT2Config(vocab_size=GPT2_VOCAB, n_embd=256, n_layer=4, n_head=4, n_positions=max(seq_len, 256),
+                        use_cache=False, pad_token_id=0)
+    return GPT2LMHeadModel(_with_dropout(config, dropout))
+
+
 def _built_in(workload: Workload, settings: BenchSettings, tokenizer, num_labels: int) -> nn.Module:
     seq = settings.seq_for(workload)
+    if workload.built_in == "gpt2-4x256":
+        return _gpt2_4x256(seq, settings.dropout)
     if workload.built_in == "bert-base":
         return _bert_base(len(tokenizer), seq, settings.dropout, num_labels, tokenizer.pad_token_id)
     return _qwen2_lora(workload.built_in.removeprefix("qwen2-"), len(tokenizer), seq, settings.dropout)

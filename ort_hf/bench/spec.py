@@ -28,6 +28,9 @@ WORKLOADS = {
         Workload("sst2-dynamic", "cls", 128, 16, "dynamic", "SST-2 classification, padded to the longest row"),
         Workload("clm", "clm", 256, 8, "none",
                  "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks"),
+        Workload("clm-gpt2", "clm", 256, 8, "none", "a GPT-2-shaped causal LM (4 x 256, tied embeddings, "
+                 "GPT-2's 50,257-word vocabulary) built in code; 256-token WikiText-2 chunks (the packaged tokenizer's "
+                 "ids)", built_in="gpt2-4x256"),
         Workload("bert-base", "cls", 128, 16, "dynamic", "SST-2 with dynamic padding, a BERT-base-sized classifier "
                  "(12 x 768) built in code, full fine-tune", built_in="bert-base"),
         *(Workload(f"lora-{size}", "lora", 128, 4, "none", f"PEFT LoRA (r=8 on q/v, lora_dropout {LORA_DROPOUT}) on a "

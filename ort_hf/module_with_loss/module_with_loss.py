@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .chunked_lm_loss import chunked_linear_cross_entropy
 from .dense_cross_entropy import summed_cross_entropy
 
 IGNORE_INDEX = -100
@@ -48,6 +49,9 @@ class ModuleWithLoss(nn.Module):
     ``{"logits": ...}``; the caller then computes the same loss in PyTorch with
     :meth:`loss_from_outputs`. Worth it when labels are dense (causal LM): there is nothing for
     label sparsity to drop, and ORT's CPU cross-entropy kernel is slower than PyTorch's.
+    ``chunked_head = True`` (a causal LM's cross-entropy, :mod:`.chunked_head` decides) computes the
+    same loss from the backbone's hidden states with :mod:`.chunked_lm_loss`: the head's projection
+    and the cross-entropy fused, in row chunks, inside the graph.
     """
 
     def __init__(
@@ -73,6 +77,8 @@ class ModuleWithLoss(nn.Module):
         # or takes the batch mean (as a model's inline nn.CrossEntropyLoss()): the model's choice.
         self.per_num_items = True
         self.loss_in_graph = True
+        self.chunked_head = False
+        self.head_threads = 1  # PyTorch's threads for the fused head (its count outside ORT's graph)
 
     def use(self, choice) -> None:
         """Take a ``loss_choice.LossChoice`` (made on the first batch, before ORT exports)."""
@@ -106,6 +112,8 @@ class ModuleWithLoss(nn.Module):
             return {"loss": self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)}
         if labels is None:
             raise missing_labels_error(inputs)
+        if self.chunked_head:
+            return {"loss": self.chunked_head_loss(inputs, labels, num_items_in_batch)}
         return {"loss": self.loss_from_outputs(self.model(**self.with_decoder_inputs(inputs, labels)), labels,
                                                num_items_in_batch)}
 
@@ -149,17 +157,26 @@ class ModuleWithLoss(nn.Module):
             loss = summed_cross_entropy(logits, labels, IGNORE_INDEX)
         else:
             loss = self.loss_fct(logits, labels)
-        if num_items_in_batch is None:
-            num_items_in_batch = (labels != IGNORE_INDEX).sum()
-        elif torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
         if self.label_smoothing:
             # As transformers' LabelSmoother: (1-eps) * nll + eps * mean over classes of -log p,
             # both over the non-ignored positions.
             neg_log_probs = -nn.functional.log_softmax(logits, dim=-1).sum(dim=-1)
             smooth = neg_log_probs.masked_fill(labels == IGNORE_INDEX, 0.0).sum() / logits.shape[-1]
             loss = (1 - self.label_smoothing) * loss + self.label_smoothing * smooth
-        return loss / num_items_in_batch
+        return _per_item(loss, labels, num_items_in_batch)
+
+    def chunked_head_loss(self, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+        """The cross-entropy of ``forward`` from the backbone's last hidden states and the LM head's
+        weights, fused and in row chunks (:mod:`.chunked_lm_loss`): the logits are never built."""
+        if not self.takes_num_items:
+            num_items_in_batch = None
+        model = base_model(self.model)
+        hidden = _output(getattr(model, model.base_model_prefix)(**inputs), "last_hidden_state")
+        head = model.get_output_embeddings()
+        labels = self.token_labels(labels).to(hidden.device)
+        summed = chunked_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, labels,
+                                              IGNORE_INDEX, self.head_threads)
+        return _per_item(summed, labels, num_items_in_batch)
 
     def is_class_label(self, labels: torch.Tensor | None) -> bool:
         """Whether ``labels`` are class ids the cross-entropy can take (not regression or
@@ -186,6 +203,16 @@ class LossInPyTorch:
         outputs = self.engine_module(labels=labels, **inputs)  # labels: an encoder-decoder builds its decoder inputs
         loss = self.loss_module.loss_from_outputs(outputs, labels, num_items_in_batch, in_pytorch=True)
         return {"loss": loss, **outputs}
+
+
+def _per_item(summed: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    """A summed loss over ``labels`` divided by ``num_items_in_batch`` (the Trainer's count over the
+    accumulated batch), or by the labels counted here when it is None."""
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != IGNORE_INDEX).sum()
+    elif torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(summed.device)
+    return summed / num_items_in_batch
 
 
 def _output(outputs, key: str) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 
 from ..engine import SPARSITY_THRESHOLD
 from ..module_with_loss import ModuleWithLoss
+from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
 from ..module_with_loss.loss_choice import choose_loss
 from ..module_with_loss.module_with_loss import CROSS_ENTROPY
@@ -20,13 +21,15 @@ from ..module_with_loss.module_with_loss import CROSS_ENTROPY
 logger = logging.getLogger(__name__)
 
 
-def place_loss(module, inputs: dict, num_items_in_batch, args) -> dict[str, float]:
+def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -> dict[str, float]:
     """Which loss the graph computes (``loss_choice``), and for ModuleWithLoss's cross-entropy,
-    inside the ORT graph (label sparsity can fire) or in PyTorch from ORT's logits; the facts to log.
+    inside the ORT graph (label sparsity can fire), fused with a causal LM's head in the graph
+    (``chunked_head``), or in PyTorch from ORT's logits; the facts to log.
 
     ORT 1.19.2's label sparsity fires below ``SPARSITY_THRESHOLD``. Above it there is
     nothing to drop, and ORT's CPU cross-entropy over every position (its gradient kernel is
-    serial) is no faster than ``dense_cross_entropy`` in PyTorch."""
+    serial) is no faster than ``dense_cross_entropy`` in PyTorch. ``pythonop``: the engine runs
+    autograd Functions as ORT PythonOps (the fused head is one)."""
     mode = args.ort_loss_in_graph
     if not isinstance(module, ModuleWithLoss):
         return {}  # TRL's fused head: its statistics are computed in the graph, on the used rows only
@@ -45,10 +48,25 @@ def place_loss(module, inputs: dict, num_items_in_batch, args) -> dict[str, floa
         density = module.label_density(labels)
         module.loss_in_graph = args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
         if not module.loss_in_graph:
-            logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first "
-                        "batch) leaves label sparsity nothing to drop (--ort_loss_in_graph always to override).",
-                        100 * density)
-    return {"ort/loss_in_graph": float(module.loss_in_graph), "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY)}
+            _place_dense_loss(module, inputs, density, args, pythonop)
+    return {"ort/loss_in_graph": float(module.loss_in_graph), "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY),
+            "ort/chunked_lm_loss": float(module.chunked_head)}
+
+
+def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool) -> None:
+    """Dense labels: the causal LM's head and loss fused in the graph where that is exact, else the loss
+    in PyTorch from ORT's logits."""
+    refusal = chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss is off"
+    if refusal is None:
+        module.loss_in_graph = module.chunked_head = True
+        module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
+        logger.info("ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
+                    "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",
+                    100 * density)
+        return
+    logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first batch) leaves "
+                "label sparsity nothing to drop (--ort_loss_in_graph always to override), and the fused chunked "
+                "head is not used: %s.", 100 * density, refusal)
 
 
 def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, args) -> dict[str, float]:
@@ -68,6 +86,11 @@ def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, a
                     "false turns it off.", rewrite.unpadded_nodes, rewrite.pads)
     if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
         logs.update(head_rows_report(engine.training_graph(), module, head_caller))
+    if isinstance(module, ModuleWithLoss) and module.chunked_head and status.backend == "ort":
+        graph = engine.training_graph()
+        if graph is not None and not fused_in_graph(graph):
+            raise RuntimeError("ORT's graph does not run ort_hf's fused LM-head loss as a PythonOp, so its "
+                               "gradient is not the one computed for it: train with --ort_chunked_lm_loss false.")
     if (not isinstance(module, ModuleWithLoss) or labels is None or labels.dim() < 2 or status.backend != "ort"
             or not module.loss_in_graph or module.loss_kind != CROSS_ENTROPY):
         return logs  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove

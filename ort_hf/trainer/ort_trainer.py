@@ -271,7 +271,8 @@ class ORTTrainerMixin:
         if checked:
             check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         if run.first_step_due:  # before the first forward: the placement decides what ORT exports
-            run.pending_logs.update(place_loss(run.loss_module, inputs, num_items_in_batch, self.args))
+            run.pending_logs.update(place_loss(run.loss_module, inputs, num_items_in_batch, self.args,
+                                                     run.engine.engine_status().pythonop))
         try:
             loss = self._engine_loss(model, inputs, num_items_in_batch)
         except RuntimeError as exc:

@@ -25,3 +25,11 @@ def test_decoder_without_pad_token_gets_eos_as_padding(minilm_dir, tmp_path):
     assert batch["attention_mask"][1].sum() < batch["attention_mask"].shape[1]  # really padded
     # GPT-2's classifier refuses batches > 1 without a pad token id; with it, it runs.
     assert model(**batch).logits.shape == (2, 2)
+
+
+def test_clm_gpt2_is_gpt2_shaped_with_its_vocabulary():
+    """The dense-label GPT-2 workload: tied embeddings, Conv1D, gelu_new, 4 x 256, GPT-2's 50,257 words."""
+    model = build_model(WORKLOADS["clm-gpt2"], BenchSettings(), tokenizer=None)
+    assert type(model).__name__ == "GPT2LMHeadModel" and model.config.activation_function == "gelu_new"
+    assert (model.config.n_layer, model.config.n_embd, model.config.vocab_size) == (4, 256, 50257)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight

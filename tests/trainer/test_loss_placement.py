@@ -1,5 +1,6 @@
 """Where ModuleWithLoss's cross-entropy runs: inside the ORT graph when label sparsity can fire,
-in PyTorch from ORT's logits when labels are dense. Same losses either way."""
+in PyTorch from ORT's logits when labels are dense (unless --ort_chunked_lm_loss:
+test_chunked_lm_loss.py). Same losses either way."""
 
 import pytest
 import torch

@@ -1,0 +1,115 @@
+"""The causal LM's head and cross-entropy fused, in row chunks, inside the ORT graph (dense labels):
+the same loss and gradients as the model's own, and ORT ran it as a PythonOp."""
+
+import copy
+
+import pytest
+import torch
+from tiny_models import FAMILIES, build, id_dataset, make_batch, tiny_args
+from transformers import Trainer, TrainingArguments
+
+from ort_hf.engine import ORTOptions, wrap_model
+from ort_hf.module_with_loss import ModuleWithLoss, chunked_lm_loss
+from ort_hf.module_with_loss.chunked_head import fused_in_graph
+from ort_hf.module_with_loss.chunked_lm_loss import chunked_linear_cross_entropy
+from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
+
+STRICT = ORTOptions(fallback="disable", log_level="ERROR")
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 3 rows at the tiny vocabulary (100): several per batch, the last one partial."""
+    monkeypatch.setattr(chunked_lm_loss, "CHUNK_ELEMENTS", 300)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, with_bias):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(20, 8, generator=g, requires_grad=True)
+    weight = torch.randn(100, 8, generator=g, requires_grad=True)
+    bias = torch.randn(100, generator=g, requires_grad=True) if with_bias else None
+    labels = torch.randint(0, 100, (20,), generator=g)
+    labels[[0, 7, 19]] = -100
+    results = []
+    for fused in (False, True):
+        if fused:
+            loss = chunked_linear_cross_entropy(hidden, weight, bias, labels, -100)
+        else:
+            logits = torch.nn.functional.linear(hidden, weight, bias)
+            loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+        (loss * 0.3).backward()  # the backward scales by the incoming gradient
+        params = [p for p in (hidden, weight, bias) if p is not None]
+        results.append((loss.detach(), *(p.grad.clone() for p in params)))
+        for p in params:
+            p.grad = None
+    for ref, got in zip(*results):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert results[1][1][[0, 7, 19]].abs().max() == 0  # ignored rows get no gradient
+
+
+@pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
+def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
+    """GPT-2 (tied embeddings, Conv1D, gelu_new) and Llama (SwiGLU, untied head); -100 on padding."""
+    model = build(FAMILIES[family])
+    assert model.config.tie_word_embeddings == (family == "gpt2-clm")
+    reference = copy.deepcopy(model)
+    module = ModuleWithLoss(model)
+    module.chunked_head = True
+    engine = wrap_model(module, STRICT)
+    engine.train()
+    batches = [make_batch("clm", torch.Generator().manual_seed(seed)) for seed in (1, 2)]
+    for step, batch in enumerate(batches):
+        assert (batch["labels"] == -100).any()
+        items = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()) + 5)  # a larger accumulated count
+        own = reference(**batch, num_items_in_batch=items).loss
+        own.backward()
+        got = engine(**batch, num_items_in_batch=items)["loss"]
+        got.backward()
+        torch.testing.assert_close(got.detach(), own.detach(), rtol=1e-5, atol=1e-6)
+        for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
+            torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert engine.engine_status().backend == "ort"
+    assert fused_in_graph(engine.training_graph())
+
+
+SEQ, ROWS = 32, 32
+
+
+def _dense_dataset():
+    """Causal-LM rows with a few ignored labels (2%, and the shift ignores 1 of 32: dense, above label
+    sparsity's 90% threshold)."""
+    return id_dataset(ROWS, SEQ, lambda ids, g: ids.masked_fill(torch.rand(ids.shape, generator=g) < 0.02, -100))
+
+
+def _train(cls_trainer, cls_args, out, family, **kw):
+    args = dict(max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-2,
+                optim="sgd")  # SGD: the weights move by lr x the gradients, so they compare the gradients
+    args.update(kw)
+    model = build(FAMILIES[family])
+    trainer = cls_trainer(model=model, args=tiny_args(cls_args, out, **args), train_dataset=_dense_dataset())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
+def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
+    _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
+    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family,
+                                     ort_chunked_lm_loss=True)
+    assert trainer.ort_engine_status().backend == "ort"
+    logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
+    assert logged["ort/chunked_lm_loss"] == 1.0 and logged["ort/loss_in_graph"] == 1.0
+    assert fused_in_graph(trainer.ort_engine.training_graph())
+    assert trainer.ort_engine.label_sparsity_fired() is False
+    assert len(losses) == 4 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-5
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_by_default_the_loss_runs_in_pytorch(tmp_path):
+    trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1)
+    logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
+    assert logged["ort/chunked_lm_loss"] == 0.0 and logged["ort/loss_in_graph"] == 0.0
+    assert not fused_in_graph(trainer.ort_engine.training_graph())
