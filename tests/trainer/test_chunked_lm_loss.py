@@ -59,7 +59,7 @@ def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
     engine = wrap_model(module, STRICT)
     engine.train()
     batches = [make_batch("clm", torch.Generator().manual_seed(seed)) for seed in (1, 2)]
-    for step, batch in enumerate(batches):
+    for batch in batches:
         assert (batch["labels"] == -100).any()
         items = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()) + 5)  # a larger accumulated count
         own = reference(**batch, num_items_in_batch=items).loss
@@ -93,7 +93,7 @@ def _train(cls_trainer, cls_args, out, family, **kw):
     return trainer, losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
+@pytest.mark.parametrize("family", ["gpt2-clm", pytest.param("llama-clm", marks=pytest.mark.slow)])
 def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
     trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family,
