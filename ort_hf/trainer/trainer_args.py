@@ -26,6 +26,8 @@ _NAMED = {
     "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": "ort_hf.trainer.seq2seq:ORTSeq2SeqTrainingArguments",
     "trl.trainer.sft_config.SFTConfig": "ort_hf.trl.configs:ORTSFTConfig",
     "trl.trainer.dpo_config.DPOConfig": "ort_hf.trl.configs:ORTDPOConfig",
+    "trl.trainer.grpo_config.GRPOConfig": "ort_hf.trl.grpo:ORTGRPOConfig",
+    "trl.trainer.rloo_config.RLOOConfig": "ort_hf.trl.rloo:ORTRLOOConfig",
 }
 _DERIVED: dict[type, type] = {}
 

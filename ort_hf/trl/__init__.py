@@ -1,4 +1,5 @@
-"""TRL through ORT: ``ORTSFTTrainer`` / ``ORTSFTConfig`` and ``ORTDPOTrainer`` / ``ORTDPOConfig``.
+"""TRL through ORT: ``ORTSFTTrainer`` / ``ORTSFTConfig``, ``ORTDPOTrainer`` / ``ORTDPOConfig``,
+``ORTGRPOTrainer`` / ``ORTGRPOConfig`` and ``ORTRLOOTrainer`` / ``ORTRLOOConfig``.
 
 Needs ``pip install 'ort_hf[trl]'``; importing ``ort_hf.trl`` is cheap, TRL is imported when one
 of these names is first used.
@@ -13,11 +14,17 @@ _LAZY = {
     "ORTDPOConfig": "ort_hf.trl.configs",
     "ORTSFTTrainer": "ort_hf.trl.trainers",
     "ORTDPOTrainer": "ort_hf.trl.trainers",
+    "ORTGRPOConfig": "ort_hf.trl.grpo",
+    "ORTGRPOTrainer": "ort_hf.trl.grpo",
+    "ORTRLOOConfig": "ort_hf.trl.rloo",
+    "ORTRLOOTrainer": "ort_hf.trl.rloo",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .configs import ORTDPOConfig, ORTSFTConfig
+    from .grpo import ORTGRPOConfig, ORTGRPOTrainer
+    from .rloo import ORTRLOOConfig, ORTRLOOTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."
