@@ -63,5 +63,5 @@ def refuse_online_options(args, trainer_name: str) -> None:
                          "(use_ort=False).")
     if args.use_liger_kernel:
         raise ValueError(f"use_liger_kernel=True with {trainer_name}: Liger's kernels are Triton kernels that ORT "
-                         "cannot export into its graph. Drop use_liger_kernel (ORT fuses the layers itself), or "
+                         "cannot export into its graph. Drop use_liger_kernel (ORT's graph optimiser fuses kernels itself), or "
                          "train with the plain TRL trainer (use_ort=False).")
