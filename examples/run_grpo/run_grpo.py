@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.is_world_process_zero():
         summary = run_summary(trainer, train_metrics)
         summary.update(timer.medians(example.warmup_steps_excluded))
+        facts = next((h for h in trainer.state.log_history if "ort/head_on_used_rows" in h), {})
+        summary["head_on_used_rows"] = bool(facts["ort/head_on_used_rows"]) if facts else None
         history = [h for h in trainer.state.log_history if "reward" in h]
         summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]
         summary["versions"] = {name: __import__(name).__version__ for name in ("torch", "transformers", "trl", "peft")}

@@ -103,4 +103,4 @@ def assert_same_online_run(reference, ours, keys) -> None:
     assert_same_logs(*rows)
     final, expected = weights(trainer.model), weights(theirs.model)
     for key, value in expected.items():
-        torch.testing.assert_close(final[key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(final[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
