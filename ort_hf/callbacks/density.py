@@ -140,7 +140,8 @@ class InputDensityCallback(BatchObserver):
                 "--ort_load_balancing_sampler; ORT's padding elimination only runs on CUDA.",
                 100 * (1 - embed),
             )
-        if label < SPARSITY_THRESHOLD and logs.get("ort/label_sparsity", 0.0) != 1.0:
+        # TRL's fused head computed on the used rows in the graph (ort/head_on_used_rows) is the same saving
+        if label < SPARSITY_THRESHOLD and 1.0 not in (logs.get("ort/label_sparsity"), logs.get("ort/head_on_used_rows")):
             logger.warning(
                 "ort_hf: only %.0f%% of label positions are used and ORT's label sparsity is not active: "
                 "train with ORTTrainer and ModuleWithLoss (--use_module_with_loss true, the default).",

@@ -1,4 +1,5 @@
-"""TRL through ORT: ``ORTSFTTrainer``, ``ORTDPOTrainer``, ``ORTKTOTrainer`` and ``ORTRewardTrainer``, with their configs.
+"""TRL through ORT: ``ORTSFTTrainer``, ``ORTDPOTrainer``, ``ORTKTOTrainer``, ``ORTRewardTrainer``,
+``ORTGRPOTrainer`` and ``ORTRLOOTrainer``, with their configs.
 
 Needs ``pip install 'ort_hf[trl]'``; importing ``ort_hf.trl`` is cheap, TRL is imported when one
 of these names is first used.
@@ -17,13 +18,19 @@ _LAZY = {
     "ORTRewardTrainer": "ort_hf.trl.reward",
     "ORTKTOConfig": "ort_hf.trl.configs",
     "ORTKTOTrainer": "ort_hf.trl.kto",
+    "ORTGRPOConfig": "ort_hf.trl.configs",
+    "ORTGRPOTrainer": "ort_hf.trl.grpo",
+    "ORTRLOOConfig": "ort_hf.trl.configs",
+    "ORTRLOOTrainer": "ort_hf.trl.rloo",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
-    from .configs import ORTDPOConfig, ORTKTOConfig, ORTRewardConfig, ORTSFTConfig
+    from .configs import ORTDPOConfig, ORTGRPOConfig, ORTKTOConfig, ORTRewardConfig, ORTRLOOConfig, ORTSFTConfig
+    from .grpo import ORTGRPOTrainer
     from .kto import ORTKTOTrainer
     from .reward import ORTRewardTrainer
+    from .rloo import ORTRLOOTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."

@@ -1,12 +1,14 @@
-"""``ORTSFTConfig``, ``ORTDPOConfig``, ``ORTKTOConfig`` and ``ORTRewardConfig``: TRL's configs with the ORT options (``--ort_*``, ``--use_ort``)."""
+"""``ORTSFTConfig``, ``ORTDPOConfig``, ``ORTKTOConfig``, ``ORTRewardConfig``, ``ORTGRPOConfig`` and
+``ORTRLOOConfig``: TRL's configs with the ORT options (``--ort_*``, ``--use_ort``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl import DPOConfig, KTOConfig, RewardConfig, SFTConfig
+from trl import DPOConfig, GRPOConfig, KTOConfig, RewardConfig, RLOOConfig, SFTConfig
 
 from .arguments import ORTTRLArguments
+from .online import refuse_online_options
 
 # The base of the ORT config derived for a TRL config not declared here (trainer/parent_binding.py).
 ORT_ARGUMENTS_BASE = ORTTRLArguments
@@ -55,3 +57,25 @@ class ORTKTOConfig(ORTTRLArguments, KTOConfig):
 class ORTRewardConfig(ORTTRLArguments, RewardConfig):
     """``RewardConfig`` for :class:`ORTRewardTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
     :class:`ORTSFTConfig`'s)."""
+
+
+@dataclass
+class ORTGRPOConfig(ORTTRLArguments, GRPOConfig):
+    """``GRPOConfig`` for :class:`ORTGRPOTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
+    :class:`ORTSFTConfig`'s). ``use_vllm`` and ``use_liger_kernel`` are refused (``online.py``)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _refuse_without_loss_module(self)
+        refuse_online_options(self, "ORTGRPOTrainer")
+
+
+@dataclass
+class ORTRLOOConfig(ORTTRLArguments, RLOOConfig):
+    """``RLOOConfig`` for :class:`ORTRLOOTrainer`, plus every ``ORTTrainingArguments`` option (defaults as
+    :class:`ORTSFTConfig`'s). ``use_vllm`` and ``use_liger_kernel`` are refused (``online.py``)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _refuse_without_loss_module(self)
+        refuse_online_options(self, "ORTRLOOTrainer")
