@@ -1,4 +1,4 @@
-"""ORTGRPOTrainer / ORTRLOOTrainer: what ORT cannot run is refused at construction, saying what to
+"""ORTGRPOTrainer / ORTRLOOTrainer: what ORT cannot run is refused when the config or the trainer is built, saying what to
 write instead; a plain GRPOConfig / RLOOConfig (whose __post_init__ derived one batch field from
 the other) is taken as it is."""
 
@@ -26,10 +26,12 @@ def _build(trainer_cls, config):
 @pytest.mark.parametrize(("option", "says"), [({"use_vllm": True}, "Pass use_vllm=False"),
                                               ({"use_liger_kernel": True}, "Drop use_liger_kernel")])
 def test_refused_before_training(kind, option, says, tmp_path):
-    config_cls, trainer_cls, _ = TRAINERS[kind]
-    config = config_cls(**common_args(tmp_path, False, num_generations=2, beta=0.0, **option))
-    with pytest.raises(ValueError, match=says):
-        _build(trainer_cls, config)
+    config_cls, trainer_cls, trl_config_cls = TRAINERS[kind]
+    with pytest.raises(ValueError, match=says):  # the ORT config refuses it
+        config_cls(**common_args(tmp_path, False, num_generations=2, beta=0.0, **option))
+    plain = trl_config_cls(**common_args(tmp_path, False, num_generations=2, beta=0.0, **option))
+    with pytest.raises(ValueError, match=says):  # TRL's own config, rebuilt by the trainer, before TRL's __init__
+        _build(trainer_cls, plain)
 
 
 @pytest.mark.parametrize(("kind", "given"), [("grpo", {"steps_per_generation": 2}), ("rloo", {"generation_batch_size": 8})])
