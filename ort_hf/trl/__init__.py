@@ -19,18 +19,17 @@ _LAZY = {
     "ORTKTOConfig": "ort_hf.trl.configs",
     "ORTKTOTrainer": "ort_hf.trl.kto",
     "ORTGRPOConfig": "ort_hf.trl.configs",
-    "ORTGRPOTrainer": "ort_hf.trl.grpo",
+    "ORTGRPOTrainer": "ort_hf.trl.online_trainers",
     "ORTRLOOConfig": "ort_hf.trl.configs",
-    "ORTRLOOTrainer": "ort_hf.trl.rloo",
+    "ORTRLOOTrainer": "ort_hf.trl.online_trainers",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .configs import ORTDPOConfig, ORTGRPOConfig, ORTKTOConfig, ORTRewardConfig, ORTRLOOConfig, ORTSFTConfig
-    from .grpo import ORTGRPOTrainer
     from .kto import ORTKTOTrainer
+    from .online_trainers import ORTGRPOTrainer, ORTRLOOTrainer
     from .reward import ORTRewardTrainer
-    from .rloo import ORTRLOOTrainer
     from .trainers import ORTDPOTrainer, ORTSFTTrainer
 
 INSTALL_HINT = "TRL is not installed: pip install 'ort_hf[trl]' (trl 1.16)."
