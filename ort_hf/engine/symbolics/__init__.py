@@ -29,6 +29,9 @@ calls once per ONNX opset before the first export:
   training exports only: ORT ``ATen`` nodes drawing from torch's generator);
 - :mod:`.scatter`: ``aten::scatter``'s ``reduce=`` forms (exact, or refused where a gradient could be
   asked), and a bool fill value made traceable (DeepSeek-V3.2's indexer mask);
+- :mod:`.scatter_reduce`: ``aten::scatter_reduce`` with ``include_self=False`` (TAPAS' segment
+  reductions: ``sum`` and ``mean`` exact with their gradient, ``amax`` / ``amin`` where no gradient
+  can be asked);
 - :mod:`.solve_triangular`: ``aten::linalg_solve_triangular`` (gated delta-net layers; training
   exports only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
 - :mod:`.expm1`: ``aten::expm1`` (training exports only: torch's own kernel in an ORT ``ATen``
@@ -61,6 +64,7 @@ from . import expm1 as _expm1
 from . import grouped_mm as _grouped_mm
 from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
+from . import scatter_reduce as _scatter_reduce
 from . import softplus as _softplus
 from . import solve_triangular as _solve_triangular
 from .attention import sdpa
@@ -92,6 +96,7 @@ SYMBOLICS = {
     "aten::softplus": _softplus.softplus,
     "aten::_convolution_mode": convolution_mode,
     "aten::scatter": _scatter.scatter,
+    "aten::scatter_reduce": _scatter_reduce.scatter_reduce,
     "aten::repeat_interleave": repeat_interleave,
     "aten::permute": permute,
 }
