@@ -42,6 +42,9 @@ calls once per ONNX opset before the first export:
   graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM);
 - :mod:`.einsum`: ``aten::einsum`` of one or two operands (training exports only: ``Transpose`` /
   ``ReduceSum`` / ``MatMul``, which ORT differentiates; LongT5's attention);
+- :mod:`.fft`: ``aten::fft_fftn`` / ``aten::fft_fft2`` read through ``aten::real`` (FNet's token
+  mixing: the real part of a 2-D DFT as ``MatMul``s with cosine and sine matrices, which ORT
+  differentiates; ONNX ``DFT`` has no ORT gradient);
 - :mod:`.permute`: ``aten::permute`` with negative dims made non-negative (ONNX ``Transpose``
   takes none; Mamba-2 mixers).
 
@@ -61,6 +64,7 @@ import torch
 
 from . import bitwise as _bitwise
 from . import expm1 as _expm1
+from . import fft as _fft
 from . import grouped_mm as _grouped_mm
 from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
@@ -99,6 +103,7 @@ SYMBOLICS = {
     "aten::scatter_reduce": _scatter_reduce.scatter_reduce,
     "aten::repeat_interleave": repeat_interleave,
     "aten::permute": permute,
+    **_fft.SYMBOLICS,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's
