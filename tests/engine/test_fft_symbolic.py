@@ -6,6 +6,7 @@ lengths that change between batches, fallback disabled and ORT proven to have ru
 from __future__ import annotations
 
 import copy
+import io
 from functools import partial
 
 import pytest
@@ -69,3 +70,29 @@ def test_other_uses_of_the_fft_stay_refused():
     wrapped.train()
     with pytest.raises(Exception, match="aten::fft_fftn other than the real part"):
         wrapped(x=torch.randn(2, 3, 4))
+
+
+def test_real_part_of_fftn_plain_export_runs_as_torch():
+    """Outside ORT training (a plain torch.onnx export), with a dynamic length."""
+    import onnxruntime
+
+    from ort_hf.engine.symbolics import register_training_symbolics
+
+    register_training_symbolics(17)
+
+    class Mixing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = FourierMixing()
+
+        def forward(self, x):
+            return self.inner(x, torch.zeros(())).out
+
+    model = Mixing().eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (torch.randn(2, 5, 6),), buffer, opset_version=17, dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "length"}})
+    session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 11, 6)
+    got = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+    torch.testing.assert_close(got, model(x).detach(), rtol=1e-4, atol=1e-4)

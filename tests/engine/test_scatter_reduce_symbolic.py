@@ -6,6 +6,7 @@ index writes; forward values and gradients, fallback disabled and ORT proven to 
 from __future__ import annotations
 
 import copy
+import io
 import dataclasses
 
 import pytest
@@ -88,3 +89,33 @@ def test_scatter_reduce_max_needing_a_gradient_is_refused():
     wrapped.train()
     with pytest.raises(Exception, match="may need a gradient"):
         wrapped(x=torch.randn(4), index=torch.tensor([0, 1, 1, 0]))
+
+
+def test_scatter_reduce_without_self_plain_export_runs_as_torch():
+    """Outside ORT training (a plain torch.onnx export, where no gradient is asked): every reduction,
+    including ``amax`` of a float reached from a parameter, with a dynamic length."""
+    import onnxruntime
+
+    from ort_hf.engine.symbolics import register_training_symbolics
+
+    register_training_symbolics(16)
+
+    class Reductions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+        def forward(self, values, index):
+            flat = (values * self.scale).sum(-1)
+            return torch.stack([torch.ones(SEGMENTS).scatter_reduce(0, index, flat, reduce, include_self=False)
+                                for reduce in ("sum", "mean", "amax", "amin")])
+
+    model = Reductions().eval()
+    batch = _batches(n=1)[0]
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (batch["values"], batch["index"]), buffer, opset_version=16, dynamo=False,
+                      input_names=["values", "index"], dynamic_axes={"values": {0: "n"}, "index": {0: "n"}})
+    session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    values, index = torch.randn(20, 3), torch.randint(0, 5, (20,))
+    got = torch.from_numpy(session.run(None, {"values": values.numpy(), "index": index.numpy()})[0])
+    torch.testing.assert_close(got, model(values, index).detach(), rtol=1e-6, atol=1e-6)

@@ -15,8 +15,8 @@ reduce, include_self=False)``: ``"sum"`` and ``"mean"`` of token logits (they ne
   requiring one): ``ScatterElements(reduction="max"/"min")`` from opset 18; below it, the values
   sorted along ``dim`` (``TopK``) and written in that order over ``self`` with a plain
   ``ScatterElements``, whose CPU kernel writes updates in order, so the last (the maximum, or
-  minimum) stays. Where a gradient could be asked they are refused (ORT's gradient would ignore the
-  reduction).
+  minimum) stays. In a training export where a gradient could be asked they are refused (ORT's
+  gradient would ignore the reduction).
 
 Anything else (``"prod"``, ``"mean"`` on integers, ``include_self=True``) keeps torch's symbolic.
 It can go when torch's exporter handles ``include_self=False`` (not as of torch 2.13).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .graph_ops import const, exporter_helpers, scalar_type, torch_symbolics
+from .graph_ops import const, exporter_helpers, exporting_for_training, scalar_type, torch_symbolics
 
 _EXTREMES = {"amax": "max", "amin": "min"}
 
@@ -103,7 +103,7 @@ def scatter_reduce(g, self, dim, index, src, reduce, include_self):  # noqa: A00
     rank = symbolic_helper._get_tensor_rank(self)
     if axis < 0 and rank is not None:
         axis += rank
-    if mode in _EXTREMES and (_may_need_gradient(self) or _may_need_gradient(src)):
+    if mode in _EXTREMES and exporting_for_training() and (_may_need_gradient(self) or _may_need_gradient(src)):
         symbolic_helper._onnx_unsupported(
             f"aten::scatter_reduce with reduce={mode!r}, include_self=False on a tensor that may need a gradient "
             "(ORT's ScatterElements gradient would ignore the reduction)", self)
