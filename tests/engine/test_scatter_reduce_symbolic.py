@@ -6,8 +6,8 @@ index writes; forward values and gradients, fallback disabled and ORT proven to 
 from __future__ import annotations
 
 import copy
-import io
 import dataclasses
+import io
 
 import pytest
 import torch
@@ -42,9 +42,11 @@ class SegmentReductions(torch.nn.Module):
         lasts = torch.zeros(SEGMENTS, dtype=torch.long).scatter_reduce(0, index, ids, "amax", include_self=False)
         # a float reached from no float input (TAPAS' labels as float32): it cannot need a gradient
         peaks = torch.zeros(SEGMENTS).scatter_reduce(0, index, ids.float() * 0.5, "amax", include_self=False)
-        mixed = sums + means * 0.5 + row_means.sum(0) + (firsts + lasts).float() * 0.01 + peaks
+        row_peaks = torch.zeros(3, SEGMENTS, dtype=torch.long).scatter_reduce(  # along dim 1, rows differing
+            1, index[None].expand(3, -1), ids[None] * (torch.arange(3)[:, None] * 2 - 1), "amax", include_self=False)
+        mixed = sums + means * 0.5 + row_means.sum(0) + (firsts + lasts + row_peaks.sum(0)).float() * 0.01 + peaks
         return Output(loss=((mixed - target) ** 2).mean(), out=mixed,
-                      masks=(sums, means, row_means, firsts, lasts, peaks))
+                      masks=(sums, means, row_means, firsts, lasts, peaks, row_peaks))
 
 
 def _batches(n=3, length=12):

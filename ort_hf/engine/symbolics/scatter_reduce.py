@@ -12,10 +12,9 @@ reduce, include_self=False)``: ``"sum"`` and ``"mean"`` of token logits (they ne
   output gradient), and the zeros it scatters into need none; ``self`` gets the gradient where no
   index wrote, as in torch.
 - ``"amax"`` and ``"amin"``, for tensors that cannot need a gradient (integer, or traced as not
-  requiring one): ``ScatterElements(reduction="max"/"min")`` from opset 18; below it, the values
-  sorted along ``dim`` (``TopK``) and written in that order over ``self`` with a plain
-  ``ScatterElements``, whose CPU kernel writes updates in order, so the last (the maximum, or
-  minimum) stays. In a training export where a gradient could be asked they are refused (ORT's
+  requiring one): ``ScatterElements(reduction="max"/"min")`` from opset 18; below it, each index's
+  extreme picked by sorting (:func:`_extreme_by_sorting`) and written with a plain
+  ``ScatterElements``. In a training export where a gradient could be asked they are refused (ORT's
   gradient would ignore the reduction).
 
 Anything else (``"prod"``, ``"mean"`` on integers, ``include_self=True``) keeps torch's symbolic.
@@ -26,7 +25,15 @@ from __future__ import annotations
 
 import torch
 
-from .graph_ops import const, exporter_helpers, exporting_for_training, scalar_type, torch_symbolics
+from .graph_ops import (
+    INT64_MAX,
+    const,
+    exporter_helpers,
+    exporting_for_training,
+    scalar_type,
+    slice_axis,
+    torch_symbolics,
+)
 
 _EXTREMES = {"amax": "max", "amin": "min"}
 
@@ -62,11 +69,27 @@ def _extreme(g, self, axis, index, src, mode, dtype):
                    reduction_s=_EXTREMES[mode])
         _, count = _sum_and_count(g, self, axis, index, src, dtype)
         return g.op("Where", g.op("Greater", count, const(g, 0, dtype)), out, self)
-    # Ascending for amax, descending for amin: the value written last at each position is the extreme.
+    return _extreme_by_sorting(g, self, axis, index, src, mode)
+
+
+def _extreme_by_sorting(g, self, axis, index, src, mode):
+    """Below opset 18 (no ``max`` / ``min`` reduction): the updates sorted by value (ascending for
+    ``amax``), then stably by index (ONNX ``TopK`` puts equal keys in input order), so the last of each
+    index's run holds its extreme. Only those are written to their index; the others go to a scratch
+    slot past the end, dropped after: no position is written twice (ONNX leaves the order of
+    duplicate writes undefined)."""
     length = g.op("Gather", g.op("Shape", src), const(g, [axis], torch.int64), axis_i=0)
-    ordered, order = g.op("TopK", src, length, axis_i=axis, largest_i=int(mode == "amin"), sorted_i=1, outputs=2)
-    ordered_index = g.op("GatherElements", index, order, axis_i=axis)
-    return g.op("ScatterElements", self, ordered_index, ordered, axis_i=axis)
+    by_value, order = g.op("TopK", src, length, axis_i=axis, largest_i=int(mode == "amin"), sorted_i=1, outputs=2)
+    index = g.op("GatherElements", index, order, axis_i=axis)
+    index, order = g.op("TopK", index, length, axis_i=axis, largest_i=0, sorted_i=1, outputs=2)
+    by_value = g.op("GatherElements", by_value, order, axis_i=axis)
+    first = slice_axis(g, index, axis, 0, 1)
+    following = g.op("Concat", slice_axis(g, index, axis, 1, INT64_MAX),
+                     g.op("Sub", g.op("Mul", first, const(g, 0, torch.int64)), const(g, 1, torch.int64)), axis_i=axis)
+    size = g.op("Gather", g.op("Shape", self), const(g, [axis], torch.int64), axis_i=0)
+    target = g.op("Where", g.op("Equal", index, following), size, index)  # not the last: to the scratch slot
+    padded = g.op("Concat", self, slice_axis(g, self, axis, 0, 1), axis_i=axis)
+    return slice_axis(g, g.op("ScatterElements", padded, target, by_value, axis_i=axis), axis, 0, -1)
 
 
 def _may_need_gradient(value) -> bool:
