@@ -29,6 +29,9 @@ calls once per ONNX opset before the first export:
   training exports only: ORT ``ATen`` nodes drawing from torch's generator);
 - :mod:`.scatter`: ``aten::scatter``'s ``reduce=`` forms (exact, or refused where a gradient could be
   asked), and a bool fill value made traceable (DeepSeek-V3.2's indexer mask);
+- :mod:`.scatter_reduce`: ``aten::scatter_reduce`` with ``include_self=False`` (TAPAS' segment
+  reductions: ``sum`` and ``mean`` exact with their gradient, ``amax`` / ``amin`` where no gradient
+  can be asked);
 - :mod:`.solve_triangular`: ``aten::linalg_solve_triangular`` (gated delta-net layers; training
   exports only: an ORT ``ATen`` node, with its gradient entered into ORT's gradient table);
 - :mod:`.expm1`: ``aten::expm1`` (training exports only: torch's own kernel in an ORT ``ATen``
@@ -39,6 +42,9 @@ calls once per ONNX opset before the first export:
   graph's shared ``dim`` constant in place (interleaved RoPE: Helium, Cohere, GLM);
 - :mod:`.einsum`: ``aten::einsum`` of one or two operands (training exports only: ``Transpose`` /
   ``ReduceSum`` / ``MatMul``, which ORT differentiates; LongT5's attention);
+- :mod:`.fft`: ``aten::fft_fftn`` / ``aten::fft_fft2`` read through ``aten::real`` (FNet's token
+  mixing: the real part of a 2-D DFT as ``MatMul``s with cosine and sine matrices, which ORT
+  differentiates; ONNX ``DFT`` has no ORT gradient);
 - :mod:`.permute`: ``aten::permute`` with negative dims made non-negative (ONNX ``Transpose``
   takes none; Mamba-2 mixers).
 
@@ -58,9 +64,11 @@ import torch
 
 from . import bitwise as _bitwise
 from . import expm1 as _expm1
+from . import fft as _fft
 from . import grouped_mm as _grouped_mm
 from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
+from . import scatter_reduce as _scatter_reduce
 from . import softplus as _softplus
 from . import solve_triangular as _solve_triangular
 from .attention import sdpa
@@ -92,8 +100,10 @@ SYMBOLICS = {
     "aten::softplus": _softplus.softplus,
     "aten::_convolution_mode": convolution_mode,
     "aten::scatter": _scatter.scatter,
+    "aten::scatter_reduce": _scatter_reduce.scatter_reduce,
     "aten::repeat_interleave": repeat_interleave,
     "aten::permute": permute,
+    **_fft.SYMBOLICS,
 }
 # Entered into ORT's table only (over SYMBOLICS' entry of the same name): ORTModule registers it for
 # its own export's opset on construction, so plain torch.onnx exports (inference) keep torch's

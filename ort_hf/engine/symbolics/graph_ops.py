@@ -22,6 +22,12 @@ def exporter_helpers():
     return symbolic_helper, _type_utils
 
 
+def exporting_for_training() -> bool:
+    """Whether the running TorchScript export is a training one (ORTModule's in ``train()`` mode)."""
+    from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+
+    return GLOBALS.training_mode == torch.onnx.TrainingMode.TRAINING
+
 
 def const(g, value, dtype):
     return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
