@@ -16,8 +16,6 @@ WAITS_FOR: dict[str, str] = {
     "cpmant": "its segment and position buckets are computed in Python from the first batch's length, kept as "
               "constants by the trace (refused by the pre-flight); needs them computed in the graph",
     "falcon_mamba": _LENGTH_BAKED_SCAN,
-    "fnet": "`torch.fft.fftn`: ONNX's DFT has no gradient in ORT 1.19.2; needs the real 2-D DFT written as "
-            "products with cosine and sine matrices built in the graph",
     "funnel": "its pooling computes attention-mask and position sizes in Python from the first batch's length, "
               "kept as constants by the trace (refused by the pre-flight)",
     "hrm_text": "its low-level cycles before the gradient threshold run under `torch.no_grad()`, which the "
@@ -37,18 +35,10 @@ WAITS_FOR: dict[str, str] = {
     "mamba": _LENGTH_BAKED_SCAN,
     "phimoe": "ORT's `GatherElementsGrad` kernel is handed no tensor in the sparsemixer router's backward "
               "(op_kernel_context.h:42); not yet diagnosed further",
-    "qwen3_5": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and ORT's "
-               "Reshape rejects the empty result; needs the section slicing repaired in the export",
-    "qwen3_5_moe_text": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and "
-                        "ORT's Reshape rejects the empty result; needs the section slicing repaired in the export",
-    "qwen3_5_text": "the interleaved multimodal RoPE slices a section that is empty for a text-only batch, and "
-                    "ORT's Reshape rejects the empty result; needs the section slicing repaired in the export",
     "recurrent_gemma": _LENGTH_BAKED_SCAN,
     "rwkv": _LENGTH_BAKED_SCAN,
     "t5gemma2": "its attention masks are built by `torch.func.vmap` over a mask function, which the exporter "
                 "keeps as a Python op ORT cannot run; needs the masks exported as plain ops",
-    "tapas": "`scatter_reduce(include_self=False)`: ONNX's ScatterElements reductions include the existing "
-             "value; needs a symbolic that starts from the reduction's identity",
     "xlstm": _LENGTH_BAKED_SCAN,
 }
 

@@ -147,14 +147,14 @@ def test_render_lists_only_what_the_thresholds_prove():
 
 
 def test_render_says_what_each_type_not_at_parity_waits_for():
-    refused = _record("tapas", "TapasForSequenceClassification", "refused", None, None)
+    refused = _record("llama4_text", "Llama4ForCausalLM", "refused", None, None)
     refused["modes"]["default"]["cell"] = "refused"
     unknown = _record("newtype", "NewTypeForSequenceClassification", "refused", None, None)
     unknown["modes"]["default"]["cell"] = "timeout"
     results = {"seq-cls": {"bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
-                           "tapas": refused, "newtype": unknown}}
+                           "llama4_text": refused, "newtype": unknown}}
     waiting = markdown(results).split("## Not at parity")[1].split("## Model types")[0]
-    assert f"| tapas | seq-cls (refused) | {waits_for('tapas')} |" in waiting
-    assert "scatter_reduce" in waits_for("tapas")
+    assert f"| llama4_text | seq-cls (refused) | {waits_for('llama4_text')} |" in waiting
+    assert "polar" in waits_for("llama4_text")
     assert "| newtype | seq-cls (timeout) | not diagnosed yet |" in waiting
     assert "| bert |" not in waiting
