@@ -1,13 +1,20 @@
 """Rewrites of the exported forward graph that ORT 1.19.2's gradient graph builder needs.
 
-Both run on the post-export model, before ORT builds the gradient graph from it
-(``compat._bridge_post_export_repairs``); both go with ORTModule.
+All run on the post-export model, before ORT builds the gradient graph from it
+(``compat._bridge_post_export_repairs``); all go with ORTModule.
 
 - :func:`drop_noop_casts`: a ``Cast`` to the type its input already has (``x.to(torch.float32)``
   of a float32 ``x``, as in transformers' ``torch_chunk_gated_delta_rule``) is an identity. ORT's
   PropagateCastOps removes such casts itself, but when the cast's output feeds one node on two
   inputs (``Mul(y, y)``, an l2 norm) its edge removal fails: ``graph.cc:1591 Argument mismatch
   when removing edge``. Removed here, the consumers read the input directly: the same values.
+- :func:`drop_empty_concat_inputs`: ORT's ``Concat`` gradient (opset 13+) defines the gradient of
+  every input, needed or not, under the input's name plus ``_grad``. A tensor no gradient reaches,
+  read by two ``Concat`` nodes that are on the gradient path, so gets its gradient defined twice:
+  "Duplicate definition of name (..._grad)". Inkling2's block states start as such a tensor, an
+  empty zero state (``new_zeros(..., 0, hidden)``) that every block's ``torch.cat`` reads. An input
+  of size 0 on the concatenation axis adds nothing to the output, so it is dropped from the
+  ``Concat``: the same values.
 - :func:`unreachable_parameters`: a parameter that reaches the outputs only through integer values
   (the indices of a ``TopK`` or ``ArgMax``, a sparse-attention indexer) has no gradient in PyTorch
   (its ``.grad`` stays None); ORT refuses to build the gradient graph for it ("Cannot compute the
@@ -84,6 +91,37 @@ def drop_noop_casts(model: onnx.ModelProto) -> int:
     del graph.value_info[:]
     graph.value_info.extend(infos)
     return len(renamed)
+
+
+def _shapes(graph: onnx.GraphProto) -> dict[str, list]:
+    shapes = {init.name: [int(d) for d in init.dims] for init in graph.initializer}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None
+                                 for d in info.type.tensor_type.shape.dim]
+    return shapes
+
+
+def drop_empty_concat_inputs(model: onnx.ModelProto) -> int:
+    """Remove, in place, from every top-level ``Concat`` the inputs whose size on the
+    concatenation axis is 0 in the model's value infos (one input always stays); return how many."""
+    shapes = _shapes(model.graph)
+    dropped = 0
+    for node in model.graph.node:
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        axis = next(a.i for a in node.attribute if a.name == "axis")
+        empty = []
+        for name in node.input:
+            shape = shapes.get(name)
+            empty.append(shape is not None and -len(shape) <= axis < len(shape) and shape[axis] == 0)
+        if all(empty) or not any(empty):
+            continue
+        kept = [name for name, is_empty in zip(node.input, empty) if not is_empty]
+        dropped += len(node.input) - len(kept)
+        del node.input[:]
+        node.input.extend(kept)
+    return dropped
 
 
 def unreachable_parameters(model: onnx.ModelProto, names: list[str]) -> list[str]:

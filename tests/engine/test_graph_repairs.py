@@ -4,7 +4,9 @@
 - a float->float ``Cast`` feeding one node twice (``Mul(y, y)``: gated delta-net layers' l2norm),
   which ORT's PropagateCastOps failed to remove ("Argument mismatch when removing edge");
 - a parameter that reaches the loss only through ``topk`` indices (sparse-attention indexers):
-  no gradient in PyTorch, and ORT refused to build the gradient graph.
+  no gradient in PyTorch, and ORT refused to build the gradient graph;
+- an empty zero state read by two ``torch.cat`` (Inkling2's block states): ORT's Concat gradient
+  defined its gradient twice ("Duplicate definition of name").
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from parity import assert_parity, run_parity
 from transformers.utils import ModelOutput
 
 from ort_hf.engine import ORTOptions, wrap_model
-from ort_hf.engine.graph_repairs import drop_noop_casts, unreachable_parameters
+from ort_hf.engine.graph_repairs import drop_empty_concat_inputs, drop_noop_casts, unreachable_parameters
 
 OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
 
@@ -54,6 +56,21 @@ class TopkIndexed(torch.nn.Module):
         return Output(loss=((picked - target) ** 2).mean())
 
 
+class EmptyStateConcatenatedTwice(torch.nn.Module):
+    """Inkling2's block states: an empty zero tensor that two ``torch.cat`` extend."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        empty = h.new_zeros(*h.shape[:-1], 0, h.shape[-1])  # ConstantOfShape: no gradient reaches it
+        one = torch.cat([empty, h.unsqueeze(-2)], dim=-2)
+        two = torch.cat([empty, h.unsqueeze(-2), (h * h).unsqueeze(-2)], dim=-2)
+        return Output(loss=((one.sum(-2) + two.sum(-2) - target) ** 2).mean())
+
+
 def _batches(x_shape, target_shape, n=3):
     g = torch.Generator().manual_seed(0)
     return [{"x": torch.randn(*x_shape, generator=g), "target": torch.randn(*target_shape, generator=g)}
@@ -64,6 +81,12 @@ def _batches(x_shape, target_shape, n=3):
 def test_noop_cast_feeding_one_node_twice_trains_at_parity():
     torch.manual_seed(0)
     assert_parity(*run_parity(SquaredAfterCast(), _batches((2, 4), (2, 4)), OPTIONS))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_empty_state_read_by_two_concats_trains_at_parity():
+    torch.manual_seed(0)
+    assert_parity(*run_parity(EmptyStateConcatenatedTwice(), _batches((2, 3, 4), (2, 3, 4)), OPTIONS))
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -133,3 +156,20 @@ def test_unreachable_parameters_stop_only_at_integer_values():
         inputs=[("x", f), ("w_score", f), ("w_value", f), ("w_exp", f), ("k", i64)], outputs=[("y", f)],
         value_info=[("s", f), ("top", f), ("idx", i64), ("v", f), ("picked", f)])
     assert unreachable_parameters(model, ["w_score", "w_value", "w_exp"]) == ["w_score"]
+
+
+def test_drop_empty_concat_inputs_keeps_sized_and_unknown_inputs():
+    f = TensorProto.FLOAT
+
+    def info(name, shape):
+        return helper.make_tensor_value_info(name, f, shape)
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["empty", "x", "unknown"], ["y"], axis=-2),
+         helper.make_node("Concat", ["empty", "empty"], ["z"], axis=1)],  # all empty: left as is
+        "g", [info("empty", ["b", 0, 4]), info("x", ["b", 1, 4]), info("unknown", ["b", "n", 4])],
+        [info("y", ["b", None, 4]), info("z", ["b", 0, 4])])
+    model = helper.make_model(graph)
+    assert drop_empty_concat_inputs(model) == 1
+    onnx.checker.check_model(model)
+    assert [list(n.input) for n in model.graph.node] == [["x", "unknown"], ["empty", "empty"]]
