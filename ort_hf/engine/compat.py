@@ -253,12 +253,18 @@ def _bridge_frozen_parameters() -> None:
 
 
 def _bridge_post_export_repairs() -> None:
-    # Two ORT 1.19.2 gradient-builder failures, repaired on the post-export model before ORT
+    # Four ORT 1.19.2 gradient-builder failures, repaired on the post-export model before ORT
     # builds the gradient graph (graph_repairs.py says why each rewrite is exact):
     # (a) PropagateCastOps fails to remove a Cast to the type its input has when its output feeds
     #     one node twice ("Argument mismatch when removing edge", graph.cc:1591: gated delta-net
     #     layers' l2norm); such casts are dropped here;
-    # (b) a trainable parameter with no differentiable path to the outputs (a sparse-attention
+    # (b) a tensor no gradient reaches, read by two Concats, gets its gradient defined twice (the
+    #     Concat gradient writes one for every input: "Duplicate definition of name (..._grad)",
+    #     Inkling2's empty zero block state); Concat inputs of size 0 on the axis are dropped;
+    # (c) ORT differentiates through every float input of a PythonOp, also those whose Function's
+    #     backward returns None, whose producers' gradient kernels then miss their input ("Missing
+    #     Input: ..._grad", PhiMoE's GatherElementsGrad); such inputs are read through a detach;
+    # (d) a trainable parameter with no differentiable path to the outputs (a sparse-attention
     #     indexer's weights, read only through TopK indices) aborts the build ("Cannot compute the
     #     partial derivative ... unreachable"); it is left out of what ORT differentiates, so its
     #     .grad stays None as in PyTorch. Only the post-processed list changes: the exported one
@@ -266,13 +272,16 @@ def _bridge_post_export_repairs() -> None:
     import torch
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
-    from .graph_repairs import drop_noop_casts, unreachable_parameters
+    from .graph_repairs import (detach_function_inputs, drop_empty_concat_inputs, drop_noop_casts,
+                                unreachable_parameters)
 
     def wrap(original):
         def post_export_process(**kwargs):
             info = original(**kwargs)
             model = info._post_export_processed_model
             drop_noop_casts(model)
+            drop_empty_concat_inputs(model)
+            detach_function_inputs(model)
             if kwargs["export_mode"] == torch.onnx.TrainingMode.TRAINING:
                 parameters = {name for name, _ in kwargs["flatten_module"].named_parameters()}
                 required = info.onnx_graph_input_names_require_grad

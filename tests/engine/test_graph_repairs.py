@@ -4,7 +4,11 @@
 - a float->float ``Cast`` feeding one node twice (``Mul(y, y)``: gated delta-net layers' l2norm),
   which ORT's PropagateCastOps failed to remove ("Argument mismatch when removing edge");
 - a parameter that reaches the loss only through ``topk`` indices (sparse-attention indexers):
-  no gradient in PyTorch, and ORT refused to build the gradient graph.
+  no gradient in PyTorch, and ORT refused to build the gradient graph;
+- an empty zero state read by two ``torch.cat`` (Inkling2's block states): ORT's Concat gradient
+  defined its gradient twice ("Duplicate definition of name");
+- PhiMoE's router Function, whose backward returns None for four of its inputs: ORT's
+  GatherElementsGrad missed the gradient it expected from the PythonOp ("Missing Input").
 """
 
 from __future__ import annotations
@@ -17,10 +21,16 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from parity import assert_parity, run_parity
+from transformers.models.phimoe.modeling_phimoe import PhimoeMultiplier
 from transformers.utils import ModelOutput
 
 from ort_hf.engine import ORTOptions, wrap_model
-from ort_hf.engine.graph_repairs import drop_noop_casts, unreachable_parameters
+from ort_hf.engine.graph_repairs import (
+    detach_function_inputs,
+    drop_empty_concat_inputs,
+    drop_noop_casts,
+    unreachable_parameters,
+)
 
 OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
 
@@ -54,6 +64,39 @@ class TopkIndexed(torch.nn.Module):
         return Output(loss=((picked - target) ** 2).mean())
 
 
+class EmptyStateConcatenatedTwice(torch.nn.Module):
+    """Inkling2's block states: an empty zero tensor that two ``torch.cat`` extend."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, target):
+        h = self.lin(x)
+        empty = h.new_zeros(*h.shape[:-1], 0, h.shape[-1])  # ConstantOfShape: no gradient reaches it
+        one = torch.cat([empty, h.unsqueeze(-2)], dim=-2)
+        two = torch.cat([empty, h.unsqueeze(-2), (h * h).unsqueeze(-2)], dim=-2)
+        return Output(loss=((one.sum(-2) + two.sum(-2) - target) ** 2).mean())
+
+
+class SparsemixerRouter(torch.nn.Module):
+    """PhiMoE's sparsemixer in small: the Function's backward is an estimate for ``scores`` alone and
+    returns None for the gathered gate, the chosen expert, the gates and the mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(4, 3)
+
+    def forward(self, x, target):
+        scores = self.gate(x)
+        gates = torch.softmax(scores, dim=-1)
+        chosen = gates.max(dim=-1, keepdim=True).indices
+        gathered = gates.gather(dim=-1, index=chosen)  # GatherElements: ORT built its gradient
+        mask_for_one = torch.add(0.3333, chosen == 0, alpha=0.6667).type_as(gates)
+        multiplier = PhimoeMultiplier.apply(scores, gathered, chosen, gates, mask_for_one)
+        return Output(loss=((multiplier.squeeze(-1) - target) ** 2).mean())
+
+
 def _batches(x_shape, target_shape, n=3):
     g = torch.Generator().manual_seed(0)
     return [{"x": torch.randn(*x_shape, generator=g), "target": torch.randn(*target_shape, generator=g)}
@@ -64,6 +107,18 @@ def _batches(x_shape, target_shape, n=3):
 def test_noop_cast_feeding_one_node_twice_trains_at_parity():
     torch.manual_seed(0)
     assert_parity(*run_parity(SquaredAfterCast(), _batches((2, 4), (2, 4)), OPTIONS))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_empty_state_read_by_two_concats_trains_at_parity():
+    torch.manual_seed(0)
+    assert_parity(*run_parity(EmptyStateConcatenatedTwice(), _batches((2, 3, 4), (2, 3, 4)), OPTIONS))
+
+
+@pytest.mark.usefixtures("one_torch_thread", "aten_nodes_run")
+def test_function_inputs_its_backward_gives_no_gradient_train_at_parity():
+    torch.manual_seed(0)
+    assert_parity(*run_parity(SparsemixerRouter(), _batches((2, 5, 4), (2, 5)), OPTIONS))
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -133,3 +188,37 @@ def test_unreachable_parameters_stop_only_at_integer_values():
         inputs=[("x", f), ("w_score", f), ("w_value", f), ("w_exp", f), ("k", i64)], outputs=[("y", f)],
         value_info=[("s", f), ("top", f), ("idx", i64), ("v", f), ("picked", f)])
     assert unreachable_parameters(model, ["w_score", "w_value", "w_exp"]) == ["w_score"]
+
+
+def test_drop_empty_concat_inputs_keeps_sized_and_unknown_inputs():
+    f = TensorProto.FLOAT
+
+    def info(name, shape):
+        return helper.make_tensor_value_info(name, f, shape)
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["empty", "x", "unknown"], ["y"], axis=-2),
+         helper.make_node("Concat", ["empty", "empty"], ["z"], axis=1)],  # all empty: left as is
+        "g", [info("empty", ["b", 0, 4]), info("x", ["b", 1, 4]), info("unknown", ["b", "n", 4])],
+        [info("y", ["b", None, 4]), info("z", ["b", 0, 4])])
+    model = helper.make_model(graph)
+    assert drop_empty_concat_inputs(model) == 1
+    onnx.checker.check_model(model)
+    assert [list(n.input) for n in model.graph.node] == [["x", "unknown"], ["empty", "empty"]]
+
+
+def test_detach_function_inputs_detaches_listed_float_inputs_only():
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    python_op = helper.make_node("PythonOp", ["s", "idx", "g"], ["y"], "op", domain="com.microsoft",
+                                 func_name="pkg.Fn", input_convention="dcdd")  # arg 1 is a constant
+    graph = helper.make_graph([python_op], "g", [helper.make_tensor_value_info("s", f, [2]),
+                                                 helper.make_tensor_value_info("idx", i64, [2]),
+                                                 helper.make_tensor_value_info("g", f, [2])],
+                              [helper.make_tensor_value_info("y", f, [2])])
+    model = helper.make_model(graph)
+    assert detach_function_inputs(model, {"pkg.Fn": (2, 3)}) == 1  # arg 2 is the int tensor: left
+    (detach, op) = model.graph.node
+    assert (detach.op_type, detach.domain, list(detach.input)) == ("ATen", "org.pytorch.aten", ["g"])
+    assert list(op.input) == ["s", "idx", detach.output[0]]
+    assert {a.name: a.s for a in detach.attribute}["operator"] == b"detach_copy"
+    assert detach_function_inputs(model, {"other.Fn": (0,)}) == 0

@@ -81,7 +81,9 @@ from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
 from .permute import permute
-from .random_draws import STOP_GRADIENT_EDGES, exponential, uniform
+from ..graph_repairs import STOP_GRADIENT_EDGES as _REPAIR_STOP_EDGES
+from .random_draws import STOP_GRADIENT_EDGES as _DRAW_STOP_EDGES
+from .random_draws import exponential, uniform
 from .repeat_interleave import repeat_interleave
 from .rms_norm import rms_norm, rms_norm_onnx
 
@@ -124,6 +126,9 @@ TRAINING_ONLY_SYMBOLICS = {
 # (domain, op type[, ATen operator, overload name]) -> definition.
 GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS, **_expm1.GRADIENTS,
              **_packed_sequences.GRADIENTS}
+# Edges ORT must not differentiate through: the random draws' shape-only input, and the detach
+# graph_repairs puts before the inputs a Function's backward gives no gradient.
+STOP_GRADIENT_EDGES = {**_DRAW_STOP_EDGES, **_REPAIR_STOP_EDGES}
 
 
 _ORT_REGISTRY = "onnxruntime.training.ortmodule._custom_op_symbolic_registry"
