@@ -272,8 +272,7 @@ def _bridge_post_export_repairs() -> None:
     import torch
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
-    from .graph_repairs import (detach_function_inputs, drop_empty_concat_inputs, drop_noop_casts,
-                                unreachable_parameters)
+    from .graph_repairs import detach_function_inputs, drop_empty_concat_inputs, drop_noop_casts, unreachable_parameters
 
     def wrap(original):
         def post_export_process(**kwargs):

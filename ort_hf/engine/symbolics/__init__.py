@@ -62,6 +62,7 @@ import threading
 
 import torch
 
+from ..graph_repairs import STOP_GRADIENT_EDGES as _REPAIR_STOP_EDGES
 from . import bitwise as _bitwise
 from . import expm1 as _expm1
 from . import fft as _fft
@@ -81,7 +82,6 @@ from .histc import histc
 from .index_add import index_add
 from .packed_sequences import cumsum, diff
 from .permute import permute
-from ..graph_repairs import STOP_GRADIENT_EDGES as _REPAIR_STOP_EDGES
 from .random_draws import STOP_GRADIENT_EDGES as _DRAW_STOP_EDGES
 from .random_draws import exponential, uniform
 from .repeat_interleave import repeat_interleave
