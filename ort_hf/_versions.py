@@ -61,7 +61,10 @@ def warn_untested() -> list[str]:
     """Log once per process which libraries are outside their tested range (first use)."""
     lines = untested()
     if lines:
-        logger.warning("ort_hf: untested library versions; ORTTrainer and the engine may fail far from the cause "
-                       "(Trainer hooks, C++ extension ports, TRL's head). Pin the tested ones, or run `make "
-                       "test-latest` to try these:\n  %s", "\n  ".join(lines))
+        logger.warning(
+            "ort_hf: untested library versions; ORTTrainer and the engine may fail far from the cause "
+            "(Trainer hooks, C++ extension ports, TRL's head). Pin the tested ones, or run `make "
+            "test-latest` to try these:\n  %s",
+            "\n  ".join(lines),
+        )
     return lines

@@ -15,15 +15,20 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="PNG charts and a markdown summary from Trainer output dirs")
     report.add_argument("run_dirs", nargs="+", help="one or more Trainer output dirs (e.g. an ORT and a PyTorch run)")
     report.add_argument("--out", default=None, help="where to write (default: <first run>/report)")
-    bench = sub.add_parser("bench", help="throughput, memory and loss of ORT vs PyTorch, each variant in a fresh process")
+    bench = sub.add_parser(
+        "bench", help="throughput, memory and loss of ORT vs PyTorch, each variant in a fresh process"
+    )
     try:
         from .bench.main import add_arguments as add_bench_arguments
     except ImportError:  # the bench extra is missing: said below, whatever the arguments
         bench.add_argument("arguments", nargs=argparse.REMAINDER)
     else:
         add_bench_arguments(bench)
-    sweep = sub.add_parser("sweep", help="every model type of transformers' Auto mappings, Trainer vs ORTTrainer on "
-                                         "a tiny config (docs/architectures.md)")
+    sweep = sub.add_parser(
+        "sweep",
+        help="every model type of transformers' Auto mappings, Trainer vs ORTTrainer on "
+        "a tiny config (docs/architectures.md)",
+    )
     from .sweep.main import add_arguments as add_sweep_arguments
 
     add_sweep_arguments(sweep)

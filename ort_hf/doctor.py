@@ -41,8 +41,10 @@ def _train_one_step(device: str = "cpu") -> tuple[str, float]:
 
 
 # Until a GPU run (make test-gpu) says otherwise; README's status table says the same.
-CUDA_STATUS = ("experimental: ort_hf's CUDA path has never run on a GPU (built and linked only); "
-               "attach `make test-gpu`'s gpu-report.md to an issue with what you see")
+CUDA_STATUS = (
+    "experimental: ort_hf's CUDA path has never run on a GPU (built and linked only); "
+    "attach `make test-gpu`'s gpu-report.md to an issue with what you see"
+)
 
 
 def _gpu_lines(lines: list, problems: list) -> None:
@@ -56,13 +58,22 @@ def _gpu_lines(lines: list, problems: list) -> None:
         lines.append(("CUDA provider", "none (onnxruntime-training-cpu)"))
         return
     if not setup.driver_present:
-        lines.append(("CUDA provider", "installed (gpu extra), but no NVIDIA driver here (libcuda.so.1): "
-                                       "ORT trains on CPU, CUDA sessions are refused"))
+        lines.append(
+            (
+                "CUDA provider",
+                "installed (gpu extra), but no NVIDIA driver here (libcuda.so.1): "
+                "ORT trains on CPU, CUDA sessions are refused",
+            )
+        )
         lines.append(("CUDA support", CUDA_STATUS))
         return
     lines.append(("CUDA support", CUDA_STATUS))
-    lines.append(("NVIDIA driver", f"CUDA {setup.driver_cuda_version} (torch {torch.__version__} needs CUDA "
-                                   f"{torch.version.cuda})"))
+    lines.append(
+        (
+            "NVIDIA driver",
+            f"CUDA {setup.driver_cuda_version} (torch {torch.__version__} needs CUDA {torch.version.cuda})",
+        )
+    )
     jit = apply_jit_environment()  # already applied by run_doctor, before CUDA could be initialised
     lines.append(("CUDA JIT settings", describe_jit_environment(jit)))
     if jit.warning:
@@ -72,8 +83,10 @@ def _gpu_lines(lines: list, problems: list) -> None:
     if setup.provider_problem:
         problems.append(f"ORT's CUDA provider does not load: {setup.provider_problem}")
     if not torch.cuda.is_available():
-        problems.append(f"torch sees no GPU although the driver is there: a CUDA {setup.driver_cuda_version} driver is older than "
-                        f"torch's CUDA {torch.version.cuda}, or no device is visible (CUDA_VISIBLE_DEVICES).")
+        problems.append(
+            f"torch sees no GPU although the driver is there: a CUDA {setup.driver_cuda_version} driver is older than "
+            f"torch's CUDA {torch.version.cuda}, or no device is visible (CUDA_VISIBLE_DEVICES)."
+        )
         return
     for i in range(torch.cuda.device_count()):
         cap = torch.cuda.get_device_capability(i)

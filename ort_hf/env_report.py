@@ -8,8 +8,20 @@ import platform
 import sys
 from importlib import metadata
 
-DISTRIBUTIONS = ("ort_hf", "torch", "transformers", "accelerate", "peft", "trl", "deepspeed", "datasets", "onnx",
-                 "onnxruntime-training-cpu", "onnxruntime-training", "numpy")
+DISTRIBUTIONS = (
+    "ort_hf",
+    "torch",
+    "transformers",
+    "accelerate",
+    "peft",
+    "trl",
+    "deepspeed",
+    "datasets",
+    "onnx",
+    "onnxruntime-training-cpu",
+    "onnxruntime-training",
+    "numpy",
+)
 
 
 def env_lines() -> list[tuple[str, str]]:
@@ -31,8 +43,11 @@ def env_lines() -> list[tuple[str, str]]:
     builds = cache_root() / "extensions"
     for build in sorted(builds.iterdir()) if builds.is_dir() else []:
         lines.append((f"  {build.name}", ", ".join(sorted(p.name for p in build.iterdir() if p.is_dir())) or "empty"))
-    lines += [(name, value) for name, value in sorted(os.environ.items())
-              if name.startswith(("ORTMODULE_", "ORT_HF_", "CUDA_MODULE_LOADING", "CUDA_CACHE_"))]
+    lines += [
+        (name, value)
+        for name, value in sorted(os.environ.items())
+        if name.startswith(("ORTMODULE_", "ORT_HF_", "CUDA_MODULE_LOADING", "CUDA_CACHE_"))
+    ]
     return lines
 
 

@@ -30,19 +30,43 @@ from pathlib import Path
 # (label, owner, attribute, static): the stages, in the order the first step reaches them.
 STAGES = (
     ("pre-flight check (first batch in PyTorch)", "ort_hf.engine.preflight", "run_preflight", False),
-    ("export: ORT's _export_model, less the two parts below", "onnxruntime.training.ortmodule._graph_transition_manager:GraphTransitionManager",
-     "_export_model", True),
-    ("  export, part: output-structure pass (a PyTorch forward)", "onnxruntime.training.ortmodule._io",
-     "parse_outputs_for_onnx_export_and_extract_schema", False),
+    (
+        "export: ORT's _export_model, less the two parts below",
+        "onnxruntime.training.ortmodule._graph_transition_manager:GraphTransitionManager",
+        "_export_model",
+        True,
+    ),
+    (
+        "  export, part: output-structure pass (a PyTorch forward)",
+        "onnxruntime.training.ortmodule._io",
+        "parse_outputs_for_onnx_export_and_extract_schema",
+        False,
+    ),
     ("  export, part: torch.onnx.export (trace, ONNX passes)", "torch.onnx", "export", False),
-    ("post-export: shape inference, ort_hf rewrites", "onnxruntime.training.ortmodule._graph_transition_manager:"
-     "GraphTransitionManager", "_post_export_process", True),
-    ("graph builder init (pre-gradient passes)", "onnxruntime.training.ortmodule._graph_execution_manager:"
-     "GraphExecutionManager", "_initialize_graph_builder", False),
-    ("gradient graph build and optimisation", "onnxruntime.training.ortmodule._training_manager:TrainingManager",
-     "_build_graph", False),
-    ("session creation", "onnxruntime.training.ortmodule._training_manager:TrainingManager",
-     "_create_execution_agent", False),
+    (
+        "post-export: shape inference, ort_hf rewrites",
+        "onnxruntime.training.ortmodule._graph_transition_manager:GraphTransitionManager",
+        "_post_export_process",
+        True,
+    ),
+    (
+        "graph builder init (pre-gradient passes)",
+        "onnxruntime.training.ortmodule._graph_execution_manager:GraphExecutionManager",
+        "_initialize_graph_builder",
+        False,
+    ),
+    (
+        "gradient graph build and optimisation",
+        "onnxruntime.training.ortmodule._training_manager:TrainingManager",
+        "_build_graph",
+        False,
+    ),
+    (
+        "session creation",
+        "onnxruntime.training.ortmodule._training_manager:TrainingManager",
+        "_create_execution_agent",
+        False,
+    ),
 )
 
 
@@ -129,17 +153,38 @@ def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: 
 
     with tempfile.TemporaryDirectory() as out:
         args = ORTTrainingArguments(
-            output_dir=out, max_steps=steps, per_device_train_batch_size=settings.batch_for(workload),
-            learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
-            dataloader_num_workers=0, use_ort=engine == "ort", ort_fallback="disable", ort_intra_op_threads=threads)
-        trainer = ORTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator_for(workload, tokenizer),
-                             callbacks=[StepClock()])
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=settings.batch_for(workload),
+            learning_rate=1e-4,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            seed=0,
+            dataloader_num_workers=0,
+            use_ort=engine == "ort",
+            ort_fallback="disable",
+            ort_intra_op_threads=threads,
+        )
+        trainer = ORTTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=collator_for(workload, tokenizer),
+            callbacks=[StepClock()],
+        )
         trainer.train()
         status = trainer.ort_engine_status()
     later = sorted(clocked[1:])
-    return {"workload": workload_name, "engine": status.backend if status is not None else "pytorch",
-            "first_step_s": list(clocked[0]), "steady_step_s": list(later[len(later) // 2]),
-            "stages_s": times, "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    return {
+        "workload": workload_name,
+        "engine": status.backend if status is not None else "pytorch",
+        "first_step_s": list(clocked[0]),
+        "steady_step_s": list(later[len(later) // 2]),
+        "stages_s": times,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    }
 
 
 def main() -> int:
@@ -161,17 +206,37 @@ def main() -> int:
     results = []
     for workload in args.workloads.split(","):
         for engine in ("eager", "ort"):  # a fresh process each, as a user's run starts
-            proc = subprocess.run([sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps),
-                                   "--data_dir", args.data_dir, "--threads", str(args.threads)],
-                                  capture_output=True, text=True, env=env, check=False)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    workload,
+                    engine,
+                    "--steps",
+                    str(args.steps),
+                    "--data_dir",
+                    args.data_dir,
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
                 return 1
-            results.append(json.loads(line[len("RESULT "):]))
-    report = {"command": "python scripts/first_step_split.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()), "cpu": cpu_record(),
-              "load_1min_at_end": os.getloadavg()[0], "results": results}
+            results.append(json.loads(line[len("RESULT ") :]))
+    report = {
+        "command": "python scripts/first_step_split.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
+        "cpu": cpu_record(),
+        "load_1min_at_end": os.getloadavg()[0],
+        "results": results,
+    }
     print(render(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -181,8 +246,11 @@ def main() -> int:
 
 def render(report: dict) -> str:
     cpu = report["cpu"]
-    lines = [f"First step, {cpu['model']}, {cpu['capability']}, {cpu['cores']} cores ({report['date']}, 1-min load "
-             f"{report['load_1min_at_end']:.2f} at the end); seconds as wall clock / CPU time of the process", ""]
+    lines = [
+        f"First step, {cpu['model']}, {cpu['capability']}, {cpu['cores']} cores ({report['date']}, 1-min load "
+        f"{report['load_1min_at_end']:.2f} at the end); seconds as wall clock / CPU time of the process",
+        "",
+    ]
     by_workload: dict[str, dict[str, dict]] = {}
     for r in report["results"]:
         by_workload.setdefault(r["workload"], {})[r["engine"]] = r
@@ -190,9 +258,11 @@ def render(report: dict) -> str:
         eager, ort = runs.get("pytorch"), runs.get("ort")
         if not (eager and ort):
             continue
-        lines.append(f"{workload} ({ort['params_m']:.1f}M parameters): first step eager {_pair(eager['first_step_s'])}, "
-                     f"ORT {_pair(ort['first_step_s'])} (CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x "
-                     f"eager's); later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}")
+        lines.append(
+            f"{workload} ({ort['params_m']:.1f}M parameters): first step eager {_pair(eager['first_step_s'])}, "
+            f"ORT {_pair(ort['first_step_s'])} (CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x "
+            f"eager's); later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}"
+        )
         inside = [0.0, 0.0]
         order = ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
         for label, pair in sorted(ort["stages_s"].items(), key=lambda item: order.index(item[0])):

@@ -97,8 +97,10 @@ def main() -> int:
     named = lambda archs: ", ".join(f"sm_{a}{b}" for a, b in archs)  # noqa: E731
     step(f"{provider.name} carries cubins for {named(sass)}; PTX for {named(ptx)}")
     if sass != sorted(cuda.ORT_SASS_ARCHS) or ptx != sorted(cuda.ORT_PTX_ARCHS):
-        return fail(f"ort_hf records cubins {named(cuda.ORT_SASS_ARCHS)} and PTX {named(cuda.ORT_PTX_ARCHS)} "
-                    "(ort_hf/engine/cuda.py, README, doctor): update them to what the binary carries")
+        return fail(
+            f"ort_hf records cubins {named(cuda.ORT_SASS_ARCHS)} and PTX {named(cuda.ORT_PTX_ARCHS)} "
+            "(ort_hf/engine/cuda.py, README, doctor): update them to what the binary carries"
+        )
 
     # Loading the provider library needs a driver (ORT aborts without one): both the link check
     # and the session run in a child process against the stub driver.
@@ -124,10 +126,13 @@ def main() -> int:
     if doctor.returncode != 0:
         return fail(f"`ort-hf doctor` exited {doctor.returncode} on this GPU-less machine:\n{doctor.stderr[-2000:]}")
 
-    print(f"gpu-check: PASS: built and imported {', '.join(built)} for sm {archs}; ORT's CUDA provider carries "
-          f"cubins and PTX for {named(sass)}, as recorded; every library of ORT's CUDA "
-          f"provider resolves; with a stub driver the provider loads and reports '{NO_DEVICE}'; ort-hf doctor exits "
-          "cleanly without a GPU", flush=True)
+    print(
+        f"gpu-check: PASS: built and imported {', '.join(built)} for sm {archs}; ORT's CUDA provider carries "
+        f"cubins and PTX for {named(sass)}, as recorded; every library of ORT's CUDA "
+        f"provider resolves; with a stub driver the provider loads and reports '{NO_DEVICE}'; ort-hf doctor exits "
+        "cleanly without a GPU",
+        flush=True,
+    )
     return 0
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The lines that say what ORT (or the CUDA stack under it) objected to.
-ORT_ERROR = re.compile(r"\[ONNXRuntimeError\].*|ORTModule.*(?:Error|Exception).*|ORTFallbackError.*|"
-                       r"onnxruntime.*(?:Error|error).*|CUDA failure.*|CUDA error.*|cuDNN.*(?:error|failure).*")
+ORT_ERROR = re.compile(
+    r"\[ONNXRuntimeError\].*|ORTModule.*(?:Error|Exception).*|ORTFallbackError.*|"
+    r"onnxruntime.*(?:Error|error).*|CUDA failure.*|CUDA error.*|cuDNN.*(?:error|failure).*"
+)
 
 
 def first_ort_error(text: str) -> str | None:
@@ -76,19 +78,41 @@ def _summary(values: dict[str, list | str]) -> str:
     return ", ".join(f"{key}: {len(value) if isinstance(value, list) else value}" for key, value in values.items())
 
 
-def render(doctor: str, rows: list[tuple[str, str, str]], pytest_tail: str,
-           records: dict[str, dict[str, list | str]] | None = None) -> str:
+def render(
+    doctor: str,
+    rows: list[tuple[str, str, str]],
+    pytest_tail: str,
+    records: dict[str, dict[str, list | str]] | None = None,
+) -> str:
     counts = {o: sum(1 for _, outcome, _ in rows if outcome == o) for o in ("passed", "FAILED", "ERROR", "skipped")}
-    lines = [f"# ort_hf GPU report ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
-             "`make test-gpu`: `ort-hf doctor`, then `pytest -m gpu`. " +
-             ", ".join(f"{n} {o.lower()}" for o, n in counts.items()), "", "## ort-hf doctor", "", "```",
-             doctor.rstrip(), "```", "", "## Tests", "", "| test | result | first ORT error / reason | recorded |",
-             "| --- | --- | --- | --- |"]
+    lines = [
+        f"# ort_hf GPU report ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+        "",
+        "`make test-gpu`: `ort-hf doctor`, then `pytest -m gpu`. "
+        + ", ".join(f"{n} {o.lower()}" for o, n in counts.items()),
+        "",
+        "## ort-hf doctor",
+        "",
+        "```",
+        doctor.rstrip(),
+        "```",
+        "",
+        "## Tests",
+        "",
+        "| test | result | first ORT error / reason | recorded |",
+        "| --- | --- | --- | --- |",
+    ]
     records = records or {}
-    lines += [f"| `{name}` | {outcome} | {detail.replace('|', '/')} | {_summary(records.get(name, {}))} |"
-              for name, outcome, detail in rows]
-    listed = [(name, key, value) for name, values in records.items() for key, value in values.items()
-              if isinstance(value, list) and value]
+    lines += [
+        f"| `{name}` | {outcome} | {detail.replace('|', '/')} | {_summary(records.get(name, {}))} |"
+        for name, outcome, detail in rows
+    ]
+    listed = [
+        (name, key, value)
+        for name, values in records.items()
+        for key, value in values.items()
+        if isinstance(value, list) and value
+    ]
     if listed:
         lines += ["", "## Recorded by the tests", ""]
         for name, key, value in listed:
@@ -107,12 +131,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         # xunit1: the JUnit family in which pytest writes record_property's values without a warning.
-        tests = subprocess.run([sys.executable, "-m", "pytest", *cli.pytest_args, f"--junitxml={junit}",
-                                "-o", "junit_family=xunit1", "-rA"], cwd=ROOT, capture_output=True, text=True)
+        tests = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                *cli.pytest_args,
+                f"--junitxml={junit}",
+                "-o",
+                "junit_family=xunit1",
+                "-rA",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         print(tests.stdout[-6000:], tests.stderr[-2000:], sep="", flush=True)
         rows = test_results(junit) if junit.exists() else []
         records = recorded(junit) if junit.exists() else {}
-    doctor_text = doctor.stdout + (f"\n(exit {doctor.returncode})\n{doctor.stderr[-1500:]}" if doctor.returncode else "")
+    doctor_text = doctor.stdout + (
+        f"\n(exit {doctor.returncode})\n{doctor.stderr[-1500:]}" if doctor.returncode else ""
+    )
     cli.out.write_text(render(doctor_text, rows, "\n".join(tests.stdout.splitlines()[-15:]), records))
     print(f"gpu report written to {cli.out}: attach it to the bug report", flush=True)
     return tests.returncode

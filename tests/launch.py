@@ -29,8 +29,19 @@ def free_port() -> int:
 def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
     if not (BIN / "torchrun").exists():
         pytest.skip(f"torchrun not found next to {sys.executable}")
-    return [str(BIN / "torchrun"), "--nnodes", "1", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), str(script), *map(str, args)]
+    return [
+        str(BIN / "torchrun"),
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(script),
+        *map(str, args),
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -48,7 +59,12 @@ def run_all(commands: dict[str, list[str]], timeout: float = TIMEOUT) -> dict[st
     ``timeout``; a run still going then is killed with its whole process group. Each must exit 0."""
     procs = {
         name: subprocess.Popen(
-            cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cmd,
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,  # torchrun's ranks share its process group: kill them together
         )
         for name, cmd in commands.items()

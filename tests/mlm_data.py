@@ -25,7 +25,9 @@ def wikitext_mlm_dataset(shared_data: Path, tokenizer, rows: int = 64, seq: int 
     chosen = (torch.rand(ids.shape, generator=gen) < 0.15) & ~special
     labels = ids.masked_fill(~chosen, -100)
     inputs = ids.masked_fill(chosen, tokenizer.mask_token_id)
-    return Dataset.from_dict({"input_ids": inputs.tolist(), "attention_mask": attention.tolist(), "labels": labels.tolist()})
+    return Dataset.from_dict(
+        {"input_ids": inputs.tolist(), "attention_mask": attention.tolist(), "labels": labels.tolist()}
+    )
 
 
 def tiny_bert_mlm(vocab_size: int, seed: int = 0):
@@ -33,7 +35,13 @@ def tiny_bert_mlm(vocab_size: int, seed: int = 0):
 
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     return BertForMaskedLM(config)

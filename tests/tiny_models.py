@@ -26,65 +26,133 @@ class Family:
 def _bert(cfg_cls):
     def make(dropout: float, attn: str):
         return cfg_cls(
-            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-            num_labels=2, pad_token_id=0, attn_implementation=attn,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            num_labels=2,
+            pad_token_id=0,
+            attn_implementation=attn,
         )
+
     return make
 
 
 def _distilbert(dropout: float, attn: str):
     return tf.DistilBertConfig(
-        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
-        dropout=dropout, attention_dropout=dropout, seq_classif_dropout=dropout, num_labels=2, pad_token_id=0,
+        vocab_size=VOCAB,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        max_position_embeddings=64,
+        dropout=dropout,
+        attention_dropout=dropout,
+        seq_classif_dropout=dropout,
+        num_labels=2,
+        pad_token_id=0,
         attn_implementation=attn,
     )
 
 
 def _deberta(dropout: float, attn: str):
     return tf.DebertaV2Config(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-        relative_attention=True, pos_att_type=["p2c", "c2p"], num_labels=2, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        num_labels=2,
+        pad_token_id=0,
         attn_implementation=attn,
     )
 
 
 def _gpt2(dropout: float, attn: str):
     return tf.GPT2Config(
-        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=dropout, embd_pdrop=dropout,
-        attn_pdrop=dropout, pad_token_id=0, attn_implementation=attn,
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        pad_token_id=0,
+        attn_implementation=attn,
     )
 
 
 def _llama(dropout: float, attn: str):
     return tf.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attention_dropout=dropout, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+        pad_token_id=0,
         attn_implementation=attn,
     )
 
 
 def _qwen2(dropout: float, attn: str):
     return tf.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attention_dropout=dropout, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+        pad_token_id=0,
         attn_implementation=attn,
     )
 
 
 def _modernbert(dropout: float, attn: str):
     return tf.ModernBertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, attention_dropout=dropout, embedding_dropout=dropout, mlp_dropout=dropout,
-        pad_token_id=0, local_attention=4, global_attn_every_n_layers=2, attn_implementation=attn,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+        embedding_dropout=dropout,
+        mlp_dropout=dropout,
+        pad_token_id=0,
+        local_attention=4,
+        global_attn_every_n_layers=2,
+        attn_implementation=attn,
     )
 
 
 def _t5(dropout: float, attn: str):
     return tf.T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=dropout,
-        use_cache=False, decoder_start_token_id=0, pad_token_id=0, attn_implementation=attn,
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=dropout,
+        use_cache=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        attn_implementation=attn,
     )
 
 
@@ -150,12 +218,13 @@ def ragged_batch(lengths, task: str, generator: torch.Generator, pad_left: bool 
     mask = torch.zeros_like(ids)
     for row, n in enumerate(lengths):
         if pad_left:
-            mask[row, SEQ - n:] = 1
+            mask[row, SEQ - n :] = 1
         else:
             mask[row, :n] = 1
     ids = ids * mask
-    labels = (ids.masked_fill(mask == 0, -100) if task != "cls"
-              else torch.randint(0, 2, (len(lengths),), generator=generator))
+    labels = (
+        ids.masked_fill(mask == 0, -100) if task != "cls" else torch.randint(0, 2, (len(lengths),), generator=generator)
+    )
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -164,8 +233,16 @@ def rule_labels(ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return (ids[:, 0] > 50).long()
 
 
-def id_dataset(rows: int = 48, seq: int = SEQ, labels=rule_labels, *, seed: int = 0, low: int = 3, high: int = VOCAB,
-               attention_mask: bool = True):
+def id_dataset(
+    rows: int = 48,
+    seq: int = SEQ,
+    labels=rule_labels,
+    *,
+    seed: int = 0,
+    low: int = 3,
+    high: int = VOCAB,
+    attention_mask: bool = True,
+):
     """A ``Dataset`` of ``rows`` unpadded rows of ``seq`` random token ids in [low, high) (3 and up: none
     is the pad id) drawn from ``seed``, labelled by ``labels(ids, generator)`` (the same generator, after
     the ids); an all-ones ``attention_mask`` column unless ``attention_mask=False``."""
@@ -208,7 +285,7 @@ def pad_right(rows: list[dict], token_labels: bool = True) -> dict:
     ids = torch.zeros(len(rows), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        mask[i, :len(r["input_ids"])] = 1
+        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, : len(r["input_ids"])] = 1
     labels = ids.masked_fill(mask == 0, -100) if token_labels else torch.tensor([r["labels"] for r in rows])
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}

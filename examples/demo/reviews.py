@@ -10,23 +10,59 @@ from __future__ import annotations
 import random
 
 OPENERS = [
-    "", "Honestly, ", "After a month of use, ", "I have to say ", "To be fair, ", "In short, ",
-    "My partner agrees: ", "Update after two weeks: ", "For the price, ", "Long story short, ",
+    "",
+    "Honestly, ",
+    "After a month of use, ",
+    "I have to say ",
+    "To be fair, ",
+    "In short, ",
+    "My partner agrees: ",
+    "Update after two weeks: ",
+    "For the price, ",
+    "Long story short, ",
 ]
 TRAIN_ASPECTS = [
-    "the battery life", "the screen", "the customer service", "the delivery", "the sound", "the build quality",
-    "the instructions", "the companion app", "the fit", "the keyboard", "the camera", "the charger",
+    "the battery life",
+    "the screen",
+    "the customer service",
+    "the delivery",
+    "the sound",
+    "the build quality",
+    "the instructions",
+    "the companion app",
+    "the fit",
+    "the keyboard",
+    "the camera",
+    "the charger",
 ]
 DEV_ASPECTS = ["the packaging", "the speakers", "the warranty support", "the touchpad", "the strap", "the remote"]
 POSITIVE = [
-    "exceeded my expectations", "works flawlessly", "is a real pleasure to use", "feels solid and well made",
-    "was better than advertised", "made my day easier", "is excellent", "impressed everyone who tried it",
-    "is worth every penny", "has been completely reliable", "is simply wonderful", "is fast and friendly",
+    "exceeded my expectations",
+    "works flawlessly",
+    "is a real pleasure to use",
+    "feels solid and well made",
+    "was better than advertised",
+    "made my day easier",
+    "is excellent",
+    "impressed everyone who tried it",
+    "is worth every penny",
+    "has been completely reliable",
+    "is simply wonderful",
+    "is fast and friendly",
 ]
 NEGATIVE = [
-    "stopped working after a week", "is a total disappointment", "feels cheap and flimsy", "was worse than advertised",
-    "made everything harder", "is terrible", "broke on the first day", "is a waste of money",
-    "has been unreliable from the start", "is painfully slow", "left me angry and frustrated", "is simply awful",
+    "stopped working after a week",
+    "is a total disappointment",
+    "feels cheap and flimsy",
+    "was worse than advertised",
+    "made everything harder",
+    "is terrible",
+    "broke on the first day",
+    "is a waste of money",
+    "has been unreliable from the start",
+    "is painfully slow",
+    "left me angry and frustrated",
+    "is simply awful",
 ]
 CLOSERS = ["", " I would buy it again.", " Never again.", " Five stars.", " One star.", ""]
 
@@ -38,7 +74,9 @@ def _sentences(aspects: list[str], rng: random.Random, count: int) -> list[tuple
         verdict = rng.choice(POSITIVE if label else NEGATIVE)
         closer = rng.choice(CLOSERS)
         # Keep closers consistent with the label: a mismatched one would be label noise.
-        if (label and closer in (" Never again.", " One star.")) or (not label and closer in (" I would buy it again.", " Five stars.")):
+        if (label and closer in (" Never again.", " One star.")) or (
+            not label and closer in (" I would buy it again.", " Five stars.")
+        ):
             closer = ""
         text = f"{rng.choice(OPENERS)}{rng.choice(aspects)} {verdict}.{closer}"
         rows.append((text[0].upper() + text[1:], label))

@@ -41,20 +41,30 @@ GLUE_TASKS: dict[str, GlueTask] = {
     # CoLA train/dev have no header: source, label, original label, sentence.
     "cola": GlueTask(("sentence",), (3,), 1, ("unacceptable", "acceptable"), "matthews_correlation", tsv_header=False),
     "sst2": GlueTask(("sentence",), ("sentence",), "label", ("negative", "positive"), "accuracy"),
-    "mrpc": GlueTask(("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality",
-                     ("not_equivalent", "equivalent"), "f1"),
-    "qqp": GlueTask(("question1", "question2"), ("question1", "question2"), "is_duplicate",
-                    ("not_duplicate", "duplicate"), "f1"),
+    "mrpc": GlueTask(
+        ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality", ("not_equivalent", "equivalent"), "f1"
+    ),
+    "qqp": GlueTask(
+        ("question1", "question2"), ("question1", "question2"), "is_duplicate", ("not_duplicate", "duplicate"), "f1"
+    ),
     "stsb": GlueTask(("sentence1", "sentence2"), ("sentence1", "sentence2"), "score", None, "pearson"),
-    "mnli": GlueTask(("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
-                     ("entailment", "neutral", "contradiction"), "accuracy",
-                     dev_splits=("validation_matched", "validation_mismatched")),
-    "qnli": GlueTask(("question", "sentence"), ("question", "sentence"), "label",
-                     ("entailment", "not_entailment"), "accuracy"),
-    "rte": GlueTask(("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
-                    ("entailment", "not_entailment"), "accuracy"),
-    "wnli": GlueTask(("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
-                     ("not_entailment", "entailment"), "accuracy"),
+    "mnli": GlueTask(
+        ("premise", "hypothesis"),
+        ("sentence1", "sentence2"),
+        "gold_label",
+        ("entailment", "neutral", "contradiction"),
+        "accuracy",
+        dev_splits=("validation_matched", "validation_mismatched"),
+    ),
+    "qnli": GlueTask(
+        ("question", "sentence"), ("question", "sentence"), "label", ("entailment", "not_entailment"), "accuracy"
+    ),
+    "rte": GlueTask(
+        ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"), "accuracy"
+    ),
+    "wnli": GlueTask(
+        ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", ("not_entailment", "entailment"), "accuracy"
+    ),
 }
 
 # File names in a GLUE task folder for each split name the script uses (the hub's split names).

@@ -36,16 +36,21 @@ class ModelArguments:
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer name or path, if not the model's."})
     cache_dir: str | None = field(default=None, metadata={"help": "Where downloads from the hub are cached."})
     use_fast_tokenizer: bool = field(
-        default=True, metadata={"help": "Kept for HF run_glue compatibility; transformers 5 always loads the fast tokenizer."}
+        default=True,
+        metadata={"help": "Kept for HF run_glue compatibility; transformers 5 always loads the fast tokenizer."},
     )
     model_revision: str = field(default="main", metadata={"help": "Model version: branch, tag or commit id."})
-    token: str | None = field(default=None, metadata={"help": "Hub token for private models (default: the logged-in one)."})
+    token: str | None = field(
+        default=None, metadata={"help": "Hub token for private models (default: the logged-in one)."}
+    )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the hub repository."})
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Config values to override, e.g. 'hidden_dropout_prob=0,attention_probs_dropout_prob=0' "
-                  "(dropout off: ORT and PyTorch draw different dropout masks, so only then do their runs "
-                  "compute the same function)."},
+        metadata={
+            "help": "Config values to override, e.g. 'hidden_dropout_prob=0,attention_probs_dropout_prob=0' "
+            "(dropout off: ORT and PyTorch draw different dropout masks, so only then do their runs "
+            "compute the same function)."
+        },
     )
     ignore_mismatched_sizes: bool = field(
         default=False, metadata={"help": "Load a checkpoint whose classifier head has another number of labels."}
@@ -63,10 +68,14 @@ class DataTrainingArguments:
     task_name: str | None = field(default=None, metadata={"help": f"GLUE task: one of {', '.join(GLUE_TASKS)}."})
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "A GLUE task folder as GLUE distributes it (train.tsv, dev.tsv / dev_matched.tsv, "
-                  "test.tsv), read offline; needs --task_name."},
+        metadata={
+            "help": "A GLUE task folder as GLUE distributes it (train.tsv, dev.tsv / dev_matched.tsv, "
+            "test.tsv), read offline; needs --task_name."
+        },
     )
-    dataset_name: str | None = field(default=None, metadata={"help": "A hub dataset (default for GLUE tasks: nyu-mll/glue)."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A hub dataset (default for GLUE tasks: nyu-mll/glue)."}
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "The hub dataset's configuration."})
     train_file: str | None = field(default=None, metadata={"help": "Training data, CSV or JSON."})
     validation_file: str | None = field(default=None, metadata={"help": "Evaluation data, CSV or JSON."})
@@ -74,8 +83,10 @@ class DataTrainingArguments:
     max_seq_length: int = field(default=128, metadata={"help": "Longer inputs are truncated to this many tokens."})
     pad_to_max_length: bool = field(
         default=True,
-        metadata={"help": "Pad every input to max_seq_length; false pads each batch to its longest input "
-                  "(DataCollatorWithPadding), which is faster on CPU."},
+        metadata={
+            "help": "Pad every input to max_seq_length; false pads each batch to its longest input "
+            "(DataCollatorWithPadding), which is faster on CPU."
+        },
     )
     overwrite_cache: bool = field(default=False, metadata={"help": "Re-run tokenization instead of using the cache."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
@@ -87,11 +98,20 @@ class DataTrainingArguments:
         if self.task_name is not None:
             self.task_name = self.task_name.lower()
             if self.task_name not in GLUE_TASKS:
-                raise ValueError(f"--task_name {self.task_name!r} is not a GLUE task: use one of {', '.join(GLUE_TASKS)}.")
+                raise ValueError(
+                    f"--task_name {self.task_name!r} is not a GLUE task: use one of {', '.join(GLUE_TASKS)}."
+                )
         if self.data_dir is not None and self.task_name is None:
             raise ValueError("--data_dir reads GLUE TSVs, whose layout depends on the task: add --task_name.")
-        if self.task_name is None and self.dataset_name is None and self.train_file is None and self.validation_file is None:
-            raise ValueError("Give data: --task_name (with --data_dir offline), --dataset_name, or --train_file/--validation_file.")
+        if (
+            self.task_name is None
+            and self.dataset_name is None
+            and self.train_file is None
+            and self.validation_file is None
+        ):
+            raise ValueError(
+                "Give data: --task_name (with --data_dir offline), --dataset_name, or --train_file/--validation_file."
+            )
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
             if path is not None and path.rsplit(".", 1)[-1] not in ("csv", "json", "jsonl"):
@@ -113,13 +133,22 @@ def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArgumen
         for split, needed, with_labels in wanted:
             path = tsv_path(data_args.data_dir, split)
             if needed and not path.exists():
-                raise FileNotFoundError(f"{path} not found: --data_dir must be a GLUE task folder ({data_args.task_name}).")
+                raise FileNotFoundError(
+                    f"{path} not found: --data_dir must be a GLUE task folder ({data_args.task_name})."
+                )
             if needed:
                 splits[split] = Dataset.from_dict(read_glue_split(task, path, with_labels=with_labels))
         return DatasetDict(splits)
     if data_args.train_file or data_args.validation_file or data_args.test_file:
-        files = {s: f for s, f in (("train", data_args.train_file), ("validation", data_args.validation_file),
-                                   ("test", data_args.test_file)) if f}
+        files = {
+            s: f
+            for s, f in (
+                ("train", data_args.train_file),
+                ("validation", data_args.validation_file),
+                ("test", data_args.test_file),
+            )
+            if f
+        }
         kind = "csv" if next(iter(files.values())).endswith(".csv") else "json"
         return load_dataset(kind, data_files=files, cache_dir=model_args.cache_dir, token=model_args.token)
     name = data_args.dataset_name or "nyu-mll/glue"
@@ -164,8 +193,11 @@ def align_labels(model, label_list: list, task: GlueTask | None) -> dict | None:
         ids = [model_ids[n] for n in names]
     else:
         if fine_tuned:
-            logger.warning("The model's labels %s are not the data's %s: they are ignored.",
-                           sorted(model.config.label2id), label_list)
+            logger.warning(
+                "The model's labels %s are not the data's %s: they are ignored.",
+                sorted(model.config.label2id),
+                label_list,
+            )
         ids = list(range(len(label_list)))
     model.config.label2id = {str(label): i for label, i in zip(label_list, ids)}
     model.config.id2label = {i: str(label) for label, i in zip(label_list, ids)}
@@ -177,8 +209,12 @@ def align_labels(model, label_list: list, task: GlueTask | None) -> dict | None:
 def tokenize(raw, tokenizer, keys, label_to_id, data_args, training_args):
     padding = "max_length" if data_args.pad_to_max_length else False
     if data_args.max_seq_length > tokenizer.model_max_length:
-        logger.warning("--max_seq_length %d is longer than the model's %d: using %d.",
-                       data_args.max_seq_length, tokenizer.model_max_length, tokenizer.model_max_length)
+        logger.warning(
+            "--max_seq_length %d is longer than the model's %d: using %d.",
+            data_args.max_seq_length,
+            tokenizer.model_max_length,
+            tokenizer.model_max_length,
+        )
     max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
 
     def preprocess(examples):
@@ -190,17 +226,21 @@ def tokenize(raw, tokenizer, keys, label_to_id, data_args, training_args):
     from datasets import DatasetDict
 
     with training_args.main_process_first(desc="dataset map pre-processing"):
-        return DatasetDict({
-            split: dataset.map(
-                preprocess,
-                batched=True,
-                num_proc=data_args.preprocessing_num_workers,
-                load_from_cache_file=not data_args.overwrite_cache,
-                remove_columns=[c for c in dataset.column_names if c != "label"],  # splits may differ (test: no label)
-                desc=f"Tokenizing {split}",
-            )
-            for split, dataset in raw.items()
-        })
+        return DatasetDict(
+            {
+                split: dataset.map(
+                    preprocess,
+                    batched=True,
+                    num_proc=data_args.preprocessing_num_workers,
+                    load_from_cache_file=not data_args.overwrite_cache,
+                    remove_columns=[
+                        c for c in dataset.column_names if c != "label"
+                    ],  # splits may differ (test: no label)
+                    desc=f"Tokenizing {split}",
+                )
+                for split, dataset in raw.items()
+            }
+        )
 
 
 def first(dataset, limit: int | None):
@@ -228,8 +268,11 @@ def load_glue_metric(task_name: str, cache_dir: str | None = None):
             reason = "the hub is offline and evaluate's module cache has no glue"
         else:
             reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-        logger.warning("GLUE metric: evaluate.load('glue', %r) failed (%s); scoring with glue_metric.py, the same formulas.",
-                       task_name, reason)
+        logger.warning(
+            "GLUE metric: evaluate.load('glue', %r) failed (%s); scoring with glue_metric.py, the same formulas.",
+            task_name,
+            reason,
+        )
         return LocalGlueMetric(task_name)
     logger.info("GLUE metric: evaluate.load('glue', %r)", task_name)
     return metric
@@ -288,18 +331,26 @@ def main(argv: list[str] | None = None) -> int:
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
-                        handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
     log_level = training_args.get_process_log_level()
     for name in ("run_glue", "glue_data"):
         logging.getLogger(name).setLevel(logging.INFO if training_args.should_log else log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
-    engine = {True: "ORT", False: "PyTorch", "auto": "ORT, then the faster engine (--use_ort auto)"}[training_args.use_ort]
+    engine = {True: "ORT", False: "PyTorch", "auto": "ORT, then the faster engine (--use_ort auto)"}[
+        training_args.use_ort
+    ]
     logger.info("engine: %s; %s", engine, training_args.output_dir)
     if not training_args.do_train:
         # As in HF run_glue, nothing trains without --do_train (--eval_strategy alone turns on do_eval).
-        logger.warning("no --do_train: nothing is trained%s.", ", the model is evaluated as loaded" if training_args.do_eval else "")
+        logger.warning(
+            "no --do_train: nothing is trained%s.",
+            ", the model is evaluated as loaded" if training_args.do_eval else "",
+        )
 
     set_seed(training_args.seed)  # before the model: the new classifier head is the same for every engine
     task = GLUE_TASKS.get(data_args.task_name)
@@ -307,22 +358,35 @@ def main(argv: list[str] | None = None) -> int:
     is_regression, label_list = label_setup(raw, task)
     num_labels = 1 if is_regression else len(label_list)
 
-    hub = {"cache_dir": model_args.cache_dir, "revision": model_args.model_revision, "token": model_args.token,
-           "trust_remote_code": model_args.trust_remote_code}
-    config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
-                                        num_labels=num_labels, finetuning_task=data_args.task_name, **hub)
+    hub = {
+        "cache_dir": model_args.cache_dir,
+        "revision": model_args.model_revision,
+        "token": model_args.token,
+        "trust_remote_code": model_args.trust_remote_code,
+    }
+    config = AutoConfig.from_pretrained(
+        model_args.config_name or model_args.model_name_or_path,
+        num_labels=num_labels,
+        finetuning_task=data_args.task_name,
+        **hub,
+    )
     if model_args.config_overrides:
         config.update_from_string(model_args.config_overrides)
         logger.info("config overrides: %s", model_args.config_overrides)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
-                                              use_fast=model_args.use_fast_tokenizer, **hub)
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.tokenizer_name or model_args.model_name_or_path, use_fast=model_args.use_fast_tokenizer, **hub
+    )
     model = AutoModelForSequenceClassification.from_pretrained(
         model_args.model_name_or_path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **hub
     )
     label_to_id = None if is_regression else align_labels(model, label_list, task)
     # The first N examples are selected before tokenizing (same result as after; much faster on SST-2).
-    limits = {"train": data_args.max_train_samples, "test": data_args.max_predict_samples,
-              "test_matched": data_args.max_predict_samples, "test_mismatched": data_args.max_predict_samples}
+    limits = {
+        "train": data_args.max_train_samples,
+        "test": data_args.max_predict_samples,
+        "test_matched": data_args.max_predict_samples,
+        "test_mismatched": data_args.max_predict_samples,
+    }
     raw = datasets.DatasetDict({s: first(d, limits.get(s, data_args.max_eval_samples)) for s, d in raw.items()})
     encoded = tokenize(raw, tokenizer, text_keys(raw, task), label_to_id, data_args, training_args)
 
@@ -330,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     eval_splits = dev_splits if training_args.do_eval else ()
     for split in ("train",) * training_args.do_train + eval_splits:
         if split not in encoded:
-            raise ValueError(f"--do_{'train' if split == 'train' else 'eval'} needs a {split} split; the data has {list(encoded)}.")
+            raise ValueError(
+                f"--do_{'train' if split == 'train' else 'eval'} needs a {split} split; the data has {list(encoded)}."
+            )
     train_dataset = encoded["train"] if training_args.do_train else None
     eval_datasets = {s: encoded[s] for s in eval_splits}
 

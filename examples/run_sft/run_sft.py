@@ -39,17 +39,24 @@ LABEL_WORDS = ("negative", "positive")
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str | None = field(default=None, metadata={"help": "A local causal-LM folder with its "
-                                                                         "tokenizer; default: a Qwen2 built in code."})
-    vocabulary: str = field(default="minilm", metadata={"help": "Built-in model's tokenizer: 'minilm' (the packaged "
-                                                                "MiniLM's 30,522 tokens), 'bytes' (259), or a "
-                                                                "tokenizer.json path."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A local causal-LM folder with its tokenizer; default: a Qwen2 built in code."}
+    )
+    vocabulary: str = field(
+        default="minilm",
+        metadata={
+            "help": "Built-in model's tokenizer: 'minilm' (the packaged "
+            "MiniLM's 30,522 tokens), 'bytes' (259), or a "
+            "tokenizer.json path."
+        },
+    )
     tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the built-in Qwen2."})
     tiny_layers: int = field(default=4, metadata={"help": "Layers of the built-in Qwen2."})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank; 0 fine-tunes every weight instead."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator."})
-    lora_target_modules: str = field(default="q_proj,k_proj,v_proj,o_proj",
-                                     metadata={"help": "Comma-separated module names."})
+    lora_target_modules: str = field(
+        default="q_proj,k_proj,v_proj,o_proj", metadata={"help": "Comma-separated module names."}
+    )
 
 
 @dataclass
@@ -58,8 +65,10 @@ class DataArguments:
     validation_file: str = field(default=str(SST2 / "dev.tsv"), metadata={"help": "SST-2 TSV for evaluation."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(default=256, metadata={"help": "Keep the first N evaluation rows."})
-    conversational: bool = field(default=False, metadata={"help": "User/assistant messages through the chat "
-                                                                   "template instead of plain prompt and completion."})
+    conversational: bool = field(
+        default=False,
+        metadata={"help": "User/assistant messages through the chat template instead of plain prompt and completion."},
+    )
 
 
 def build_dataset(path: str, limit: int | None, conversational: bool) -> Dataset:
@@ -69,15 +78,20 @@ def build_dataset(path: str, limit: int | None, conversational: bool) -> Dataset
     prompts = [f"Review: {r['sentence'].strip()}\nSentiment:" for r in rows]
     answers = [LABEL_WORDS[int(r["label"])] for r in rows]
     if conversational:
-        return Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts],
-                                  "completion": [[{"role": "assistant", "content": a}] for a in answers]})
+        return Dataset.from_dict(
+            {
+                "prompt": [[{"role": "user", "content": p}] for p in prompts],
+                "completion": [[{"role": "assistant", "content": a}] for a in answers],
+            }
+        )
     return Dataset.from_dict({"prompt": prompts, "completion": [" " + a for a in answers]})
 
 
 def build_model_and_tokenizer(args: ModelArguments):
     if args.model_name_or_path:
-        return AutoModelForCausalLM.from_pretrained(args.model_name_or_path), \
-            AutoTokenizer.from_pretrained(args.model_name_or_path)
+        return AutoModelForCausalLM.from_pretrained(args.model_name_or_path), AutoTokenizer.from_pretrained(
+            args.model_name_or_path
+        )
     vocabulary = {"minilm": _minilm_vocabulary, "bytes": lambda: None}.get(args.vocabulary, lambda: args.vocabulary)()
     tokenizer = build_tokenizer(vocabulary)
     return build_model(tokenizer, hidden_size=args.tiny_hidden_size, layers=args.tiny_layers), tokenizer
@@ -95,20 +109,36 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove("--compare")
         return run_compare(os.path.abspath(__file__), argv)
     model_args, data_args, args = HfArgumentParser(
-        (ModelArguments, DataArguments, ORTSFTConfig)).parse_args_into_dataclasses(args=argv)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
-                        handlers=[logging.StreamHandler(sys.stdout)], level=logging.INFO)
+        (ModelArguments, DataArguments, ORTSFTConfig)
+    ).parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+        level=logging.INFO,
+    )
     model, tokenizer = build_model_and_tokenizer(model_args)
     peft_config = None
     if model_args.lora_r:
         import peft
 
-        peft_config = peft.LoraConfig(task_type="CAUSAL_LM", r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
-                                      lora_dropout=0.0, target_modules=model_args.lora_target_modules.split(","))
+        peft_config = peft.LoraConfig(
+            task_type="CAUSAL_LM",
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=model_args.lora_target_modules.split(","),
+        )
     train = build_dataset(data_args.train_file, data_args.max_train_samples, data_args.conversational)
     valid = build_dataset(data_args.validation_file, data_args.max_eval_samples, data_args.conversational)
-    trainer = ORTSFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
-                            processing_class=tokenizer, peft_config=peft_config)
+    trainer = ORTSFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=valid,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
     train_metrics = trainer.train().metrics
     eval_metrics = trainer.evaluate()
     trainer.log_metrics("eval", eval_metrics)

@@ -39,18 +39,30 @@ def build_tokenizer(vocabulary_from: str | None = None) -> transformers.PreTrain
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(specials)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END,
-                                                chat_template=CHAT_TEMPLATE)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END, chat_template=CHAT_TEMPLATE
+    )
 
 
-def build_model(tokenizer, hidden_size: int = 32, layers: int = 2, seed: int = 0,
-                family: str = "qwen2") -> transformers.PreTrainedModel:
+def build_model(
+    tokenizer, hidden_size: int = 32, layers: int = 2, seed: int = 0, family: str = "qwen2"
+) -> transformers.PreTrainedModel:
     """A small causal LM (``qwen2`` or ``llama``) for ``tokenizer``, from ``seed``, without dropout."""
-    config_cls, model_cls = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-                             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[family]
-    config = config_cls(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config_cls, model_cls = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    }[family]
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return model_cls(config)

@@ -22,8 +22,12 @@ def load_results(out: Path) -> list[tuple[dict, dict]]:
     found = []
     for path in sorted(Path(out).glob("*/bench.json")):
         report = json.loads(path.read_text())
-        record = record_of(report["conditions"]) or {"model": path.parent.name, "capability": "?", "cores": "?",
-                                                     "key": path.parent.name}
+        record = record_of(report["conditions"]) or {
+            "model": path.parent.name,
+            "capability": "?",
+            "cores": "?",
+            "key": path.parent.name,
+        }
         found.append((record, report))
     return found
 
@@ -43,15 +47,24 @@ def _cell(row: dict | None, rows: list[dict]) -> str:
 def markdown_by_cpu(results: list[tuple[dict, dict]], spec: dict | None = None) -> str:
     """Every (workload, variant)'s ratio to eager per CPU kind, then each kind's conditions and targets
     (checked against ``spec`` when given, else the targets stored with its results)."""
-    lines = ["# ort-hf bench, by CPU kind", "",
-             ("Each column is one CPU kind's `ort-hf bench` (its folder beside this file): samples/s against eager "
-             "measured on that CPU, median (per-round range), and the break-even point (the fewest steps from "
-             "which the variant's whole run, first step included, is faster than eager's). A ratio holds for "
-             "its CPU kind only."), ""]
+    lines = [
+        "# ort-hf bench, by CPU kind",
+        "",
+        (
+            "Each column is one CPU kind's `ort-hf bench` (its folder beside this file): samples/s against eager "
+            "measured on that CPU, median (per-round range), and the break-even point (the fewest steps from "
+            "which the variant's whole run, first step included, is faster than eager's). A ratio holds for "
+            "its CPU kind only."
+        ),
+        "",
+    ]
     cpus = [describe(record) for record, _ in results]
     lines += ["| workload | variant | " + " | ".join(cpus) + " |", "|---|---|" + "---|" * len(cpus)]
-    pairs = list(dict.fromkeys((r["workload"], r["variant"]) for _, report in results for r in report["rows"]
-                               if r["variant"] != BASELINE))
+    pairs = list(
+        dict.fromkeys(
+            (r["workload"], r["variant"]) for _, report in results for r in report["rows"] if r["variant"] != BASELINE
+        )
+    )
     for workload, variant in pairs:
         cells = []
         for _, report in results:
@@ -60,9 +73,15 @@ def markdown_by_cpu(results: list[tuple[dict, dict]], spec: dict | None = None) 
         lines.append(f"| {workload} | {variant} | " + " | ".join(cells) + " |")
     for record, report in results:
         conditions = report["conditions"]
-        lines += ["", f"## {describe(record)}", "",
-                  (f"Folder `{record['key']}/`; `{conditions.get('command', '?')}`, {conditions.get('date', '?')}, "
-                  f"tree {conditions.get('tree', '?')}.")]
+        lines += [
+            "",
+            f"## {describe(record)}",
+            "",
+            (
+                f"Folder `{record['key']}/`; `{conditions.get('command', '?')}`, {conditions.get('date', '?')}, "
+                f"tree {conditions.get('tree', '?')}."
+            ),
+        ]
         goals = report.get("targets", [])
         if spec:
             goals = check_targets(spec, report["rows"], _dropout(conditions))

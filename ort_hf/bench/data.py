@@ -37,8 +37,9 @@ def build_dataset(workload: Workload, settings: BenchSettings, tokenizer) -> Dat
     if workload.task == "lora":  # an instruction fine-tune's shape: the loss on the answer, not the prompt
         labels = ids.masked_fill(torch.arange(seq) < seq // 2, -100)
     # An explicit all-ones mask: decoder exports stay on the masked attention path.
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
-                              "labels": labels.tolist()})
+    return Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(), "labels": labels.tolist()}
+    )
 
 
 def collator_for(workload: Workload, tokenizer):
@@ -94,9 +95,9 @@ def _masked(ids: torch.Tensor, special: torch.Tensor, tokenizer, seed: int) -> D
     random_ids = torch.randint(len(tokenizer), ids.shape, generator=gen)
     swap = chosen & (roll >= 0.8) & (roll < 0.9)
     inputs = torch.where(swap, random_ids, inputs)
-    return Dataset.from_dict({
-        "input_ids": inputs.tolist(), "attention_mask": torch.ones_like(ids).tolist(), "labels": labels.tolist()
-    })
+    return Dataset.from_dict(
+        {"input_ids": inputs.tolist(), "attention_mask": torch.ones_like(ids).tolist(), "labels": labels.tolist()}
+    )
 
 
 def _classification(path: Path, tokenizer, rows: int, seq: int, padding: str) -> Dataset:

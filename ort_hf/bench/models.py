@@ -102,19 +102,40 @@ def _qwen2_lora(size: str, vocab_size: int, seq_len: int, dropout: float | None)
     import peft
 
     hidden, layers, heads, kv_heads, intermediate = QWEN2_SIZES[size]
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-                         max_position_embeddings=seq_len, tie_word_embeddings=False, use_cache=False, pad_token_id=0)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=seq_len,
+        tie_word_embeddings=False,
+        use_cache=False,
+        pad_token_id=0,
+    )
     model = Qwen2ForCausalLM(_with_dropout(config, dropout))
-    lora = peft.LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                           lora_dropout=LORA_DROPOUT if dropout is None else dropout)
+    lora = peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj"],
+        lora_dropout=LORA_DROPOUT if dropout is None else dropout,
+    )
     return peft.get_peft_model(model, lora)
 
 
 def _bert_base(vocab_size: int, seq_len: int, dropout: float | None, num_labels: int, pad_token_id) -> nn.Module:
-    config = BertConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                        intermediate_size=3072, max_position_embeddings=max(seq_len, 512), num_labels=num_labels,
-                        pad_token_id=pad_token_id or 0)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=max(seq_len, 512),
+        num_labels=num_labels,
+        pad_token_id=pad_token_id or 0,
+    )
     return BertForSequenceClassification(_with_dropout(config, dropout))
 
 
@@ -122,8 +143,15 @@ GPT2_VOCAB = 50257  # GPT-2's vocabulary: the head's cost; the packaged tokenize
 
 
 def _gpt2_4x256(seq_len: int, dropout: float | None) -> nn.Module:
-    config = GPT2Config(vocab_size=GPT2_VOCAB, n_embd=256, n_layer=4, n_head=4, n_positions=max(seq_len, 256),
-                        use_cache=False, pad_token_id=0)
+    config = GPT2Config(
+        vocab_size=GPT2_VOCAB,
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_positions=max(seq_len, 256),
+        use_cache=False,
+        pad_token_id=0,
+    )
     return GPT2LMHeadModel(_with_dropout(config, dropout))
 
 
@@ -138,15 +166,23 @@ def _built_in(workload: Workload, settings: BenchSettings, tokenizer, num_labels
 
 def tiny_llama(vocab_size: int, seq_len: int, dropout: float | None) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(seq_len, 256),
-        attention_dropout=dropout or 0.0, use_cache=False, pad_token_id=0,
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max(seq_len, 256),
+        attention_dropout=dropout or 0.0,
+        use_cache=False,
+        pad_token_id=0,
     )
     return LlamaForCausalLM(config)
 
 
-def build_model(workload: Workload, settings: BenchSettings, tokenizer, masked_head: bool = False,
-                num_labels: int = 2) -> nn.Module:
+def build_model(
+    workload: Workload, settings: BenchSettings, tokenizer, masked_head: bool = False, num_labels: int = 2
+) -> nn.Module:
     """Seeded, so every variant starts from the same weights (new heads included). ``num_labels``
     sizes the classification head (the classes the data names)."""
     torch.manual_seed(settings.seed)

@@ -20,8 +20,13 @@ from .worker import settings_argv
 def worker_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     # The same thread settings for every variant (the worker sizes ORT's pool to match).
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -36,8 +41,9 @@ def plan(workloads: list[str], variants: list[str], rounds: int) -> list[tuple[i
     return order
 
 
-def run_one(out: Path, r: int, workload: str, variant: str, settings: BenchSettings, timeout: float,
-            resume: bool = False) -> dict:
+def run_one(
+    out: Path, r: int, workload: str, variant: str, settings: BenchSettings, timeout: float, resume: bool = False
+) -> dict:
     name = f"{workload}--{variant}--r{r}"
     result_path, log_path = out / "runs" / f"{name}.json", out / "logs" / f"{name}.log"
     if resume and result_path.is_file():
@@ -47,15 +53,28 @@ def run_one(out: Path, r: int, workload: str, variant: str, settings: BenchSetti
     result_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "ort_hf.bench.worker", "--workload", workload, "--variant", variant,
-           "--round", str(r), "--result", str(result_path), *settings_argv(settings)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ort_hf.bench.worker",
+        "--workload",
+        workload,
+        "--variant",
+        variant,
+        "--round",
+        str(r),
+        "--result",
+        str(result_path),
+        *settings_argv(settings),
+    ]
     started, load = time.perf_counter(), os.getloadavg()[0]
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(settings.threads),
-                                  timeout=timeout)
+            proc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(settings.threads), timeout=timeout
+            )
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -63,8 +82,13 @@ def run_one(out: Path, r: int, workload: str, variant: str, settings: BenchSetti
         result = json.loads(result_path.read_text())
     else:
         reason = f"timed out after {timeout:.0f} s" if code is None else f"worker exited with code {code}"
-        result = {"status": "failed", "reason": f"{reason}; see {log_path}", "workload": workload,
-                  "variant": variant, "round": r}
+        result = {
+            "status": "failed",
+            "reason": f"{reason}; see {log_path}",
+            "workload": workload,
+            "variant": variant,
+            "round": r,
+        }
     result["log"] = str(log_path)
     result["load_1min_at_start"] = load  # other processes' load skews a run: keep it with the result
     result.update(_ort_banner(log_path))
@@ -83,23 +107,33 @@ def _ort_banner(log_path: Path) -> dict:
     return {"ort_init_s": float(match.group(1)), "ort_banner_export_s": float(match.group(2))}
 
 
-def run_all(workloads: list[str], variants: list[str], rounds: int, settings: BenchSettings, out: Path,
-            timeout: float = 1800.0, echo=print, resume: bool = False) -> list[dict]:
+def run_all(
+    workloads: list[str],
+    variants: list[str],
+    rounds: int,
+    settings: BenchSettings,
+    out: Path,
+    timeout: float = 1800.0,
+    echo=print,
+    resume: bool = False,
+) -> list[dict]:
     """Every planned run's result (skipped workloads as one ``status: skipped`` entry each)."""
     results, ready = [], []
     config = model_config(settings)
     for workload in workloads:
         try:
-            problem = (model_problem(WORKLOADS[workload], settings, config)
-                       or length_problem(WORKLOADS[workload], settings, config))
+            problem = model_problem(WORKLOADS[workload], settings, config) or length_problem(
+                WORKLOADS[workload], settings, config
+            )
             if problem:
                 raise DataMissing(problem)
             data_file(WORKLOADS[workload], settings)
             ready.append(workload)
         except DataMissing as exc:
             echo(f"ort-hf bench: skipping workload {workload}: {exc}")
-            results.append({"status": "skipped", "reason": str(exc), "workload": workload, "variant": None,
-                            "round": None})
+            results.append(
+                {"status": "skipped", "reason": str(exc), "workload": workload, "variant": None, "round": None}
+            )
     order = plan(ready, variants, rounds)
     for i, (r, workload, variant) in enumerate(order, 1):
         result = run_one(out, r, workload, variant, settings, timeout, resume)
@@ -114,5 +148,7 @@ def _progress(i: int, n: int, result: dict) -> str:
         return f"{head} {result['status'].upper()} ({result['reason']})"
     if result.get("resumed"):
         head += " (kept from an earlier, interrupted invocation)"
-    return (f"{head} {result['samples_per_s']:.2f} samples/s, step median {1000 * result['step_median_s']:.0f} ms, "
-            f"engine {result['engine']}, {result['wall_s']:.0f} s")
+    return (
+        f"{head} {result['samples_per_s']:.2f} samples/s, step median {1000 * result['step_median_s']:.0f} ms, "
+        f"engine {result['engine']}, {result['wall_s']:.0f} s"
+    )

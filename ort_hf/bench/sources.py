@@ -25,8 +25,14 @@ class BadModelDir(ValueError):
     """``--model_dir`` is not a Hugging Face model folder."""
 
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "tokenizer.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def default_model_dir() -> Path:
@@ -48,19 +54,29 @@ def model_config(settings: BenchSettings) -> dict:
     """The model folder's config.json."""
     path = model_dir(settings)
     if not (path / "config.json").is_file():
-        raise BadModelDir(f"--model_dir {path} is not a Hugging Face model folder (no config.json): "
-                          "pass a folder written by save_pretrained, with its tokenizer")
+        raise BadModelDir(
+            f"--model_dir {path} is not a Hugging Face model folder (no config.json): "
+            "pass a folder written by save_pretrained, with its tokenizer"
+        )
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         # transformers would build an empty tokenizer (a handful of special tokens) from the
         # config alone, and every text would become [BOS, EOS]: numbers for nothing.
-        raise BadModelDir(f"--model_dir {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
-                          "save the model's tokenizer there too (tokenizer.save_pretrained)")
+        raise BadModelDir(
+            f"--model_dir {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
+            "save the model's tokenizer there too (tokenizer.save_pretrained)"
+        )
     return json.loads((path / "config.json").read_text())
 
 
 # RoBERTa-style embeddings number positions from pad_token_id + 1 (RoBERTa's 514 hold 512 tokens).
-PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
-                        "data2vec-text")
+PADDING_OFFSET_TYPES = (
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "roberta-prelayernorm",
+    "data2vec-text",
+)
 
 
 def is_causal_lm(architectures: list[str] | None) -> bool:
@@ -83,12 +99,15 @@ def model_problem(workload: Workload, settings: BenchSettings, config: dict) -> 
     if workload.task == "mlm" and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return f"{workload.name} needs a masked LM; transformers has none for {what}: leave mlm out of --workloads"
     if workload.task == "cls" and model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
-        return (f"{workload.name} needs a sequence classifier; transformers has none for {what}: "
-                f"leave it out of --workloads")
+        return (
+            f"{workload.name} needs a sequence classifier; transformers has none for {what}: "
+            f"leave it out of --workloads"
+        )
     if workload.task == "clm" and settings.model_dir and not is_causal_lm(config.get("architectures")):
         # Without --model_dir, clm trains a tiny Llama built in code (the packaged MiniLM is no decoder).
-        return (f"{workload.name} trains the --model_dir model, and {what} is not a causal LM: "
-                "leave clm out of --workloads")
+        return (
+            f"{workload.name} trains the --model_dir model, and {what} is not a causal LM: leave clm out of --workloads"
+        )
     return None
 
 
@@ -101,8 +120,10 @@ def length_problem(workload: Workload, settings: BenchSettings, config: dict) ->
         positions -= (config.get("pad_token_id") or 0) + 1  # position ids start after the padding id
     seq = settings.seq_for(workload)
     if isinstance(positions, int) and seq > positions:
-        return (f"{workload.name} uses {seq}-token sequences but the model has {positions} positions "
-                f"(max_position_embeddings): pass --seq_len {positions} or less")
+        return (
+            f"{workload.name} uses {seq}-token sequences but the model has {positions} positions "
+            f"(max_position_embeddings): pass --seq_len {positions} or less"
+        )
     return None
 
 
@@ -113,8 +134,10 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
             raise DataMissing(f"--train_file {path} does not exist")
         is_table = path.suffix.lower() in TABLE_SUFFIXES
         if workload.task == "cls" and not is_table:
-            raise DataMissing(f"{workload.name} needs a CSV/TSV/JSON-lines table (text and label columns); "
-                              f"--train_file is {path.name}")
+            raise DataMissing(
+                f"{workload.name} needs a CSV/TSV/JSON-lines table (text and label columns); "
+                f"--train_file is {path.name}"
+            )
         if workload.task == "cls":
             read_table(path, rows=1)  # BadTable now, not in every worker
         if workload.task != "cls" and is_table:
@@ -122,8 +145,9 @@ def data_file(workload: Workload, settings: BenchSettings) -> Path:
         return path
     candidates = [SST2] if workload.task == "cls" else list(WIKITEXT)
     if settings.data_dir is None:
-        raise DataMissing(f"{workload.name} reads {' or '.join(candidates)} under --data_dir (none given), "
-                          "or pass --train_file")
+        raise DataMissing(
+            f"{workload.name} reads {' or '.join(candidates)} under --data_dir (none given), or pass --train_file"
+        )
     root = Path(settings.data_dir)
     for rel in candidates:
         if (root / rel).is_file():

@@ -26,17 +26,49 @@ WORKLOADS = {
         Workload("mlm", "mlm", 128, 16, "none", "WikiText-2 in 128-token chunks, 15% masking, BertForMaskedLM"),
         Workload("sst2-padded", "cls", 128, 16, "max_length", "SST-2 classification, every row padded to 128"),
         Workload("sst2-dynamic", "cls", 128, 16, "dynamic", "SST-2 classification, padded to the longest row"),
-        Workload("clm", "clm", 256, 8, "none",
-                 "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks"),
-        Workload("clm-gpt2", "clm", 256, 8, "none", "a GPT-2-shaped causal LM (4 x 256, tied embeddings, "
-                 "GPT-2's 50,257-word vocabulary) built in code; 256-token WikiText-2 chunks (the packaged tokenizer's "
-                 "ids)", built_in="gpt2-4x256"),
-        Workload("bert-base", "cls", 128, 16, "dynamic", "SST-2 with dynamic padding, a BERT-base-sized classifier "
-                 "(12 x 768) built in code, full fine-tune", built_in="bert-base"),
-        *(Workload(f"lora-{size}", "lora", 128, 4, "none", f"PEFT LoRA (r=8 on q/v, lora_dropout {LORA_DROPOUT}) on a "
-                   f"~{size.upper()}-parameter Qwen2 built in code; 128-token WikiText-2 chunks, the first half of "
-                   "each row's labels masked (a prompt)", built_in=f"qwen2-{size}", steps=steps)
-          for size, steps in (("55m", 20), ("200m", 8), ("485m", 5))),
+        Workload(
+            "clm",
+            "clm",
+            256,
+            8,
+            "none",
+            "the --model_dir causal LM, else a tiny Llama built in code; 256-token WikiText-2 chunks",
+        ),
+        Workload(
+            "clm-gpt2",
+            "clm",
+            256,
+            8,
+            "none",
+            "a GPT-2-shaped causal LM (4 x 256, tied embeddings, "
+            "GPT-2's 50,257-word vocabulary) built in code; 256-token WikiText-2 chunks (the packaged tokenizer's "
+            "ids)",
+            built_in="gpt2-4x256",
+        ),
+        Workload(
+            "bert-base",
+            "cls",
+            128,
+            16,
+            "dynamic",
+            "SST-2 with dynamic padding, a BERT-base-sized classifier (12 x 768) built in code, full fine-tune",
+            built_in="bert-base",
+        ),
+        *(
+            Workload(
+                f"lora-{size}",
+                "lora",
+                128,
+                4,
+                "none",
+                f"PEFT LoRA (r=8 on q/v, lora_dropout {LORA_DROPOUT}) on a "
+                f"~{size.upper()}-parameter Qwen2 built in code; 128-token WikiText-2 chunks, the first half of "
+                "each row's labels masked (a prompt)",
+                built_in=f"qwen2-{size}",
+                steps=steps,
+            )
+            for size, steps in (("55m", 20), ("200m", 8), ("485m", 5))
+        ),
     )
 }
 
@@ -60,23 +92,58 @@ VARIANTS = {
     v.name: v
     for v in (
         Variant(BASELINE, False, "HF Trainer path in PyTorch, SDPA attention (use_ort=False): the baseline"),
-        Variant("compile", False, "torch.compile (torch_compile=True, use_ort=False)", torch_compile=True,
-                tasks=("mlm", "cls", "clm")),
-        Variant("eager-trim", False, "eager fed the batches ORT's CPU path runs (trailing all-padding columns "
-                "dropped): the engine's like-for-like baseline on padded data", trim=True, tasks=("cls",),
-                paddings=("max_length",)),
-        Variant("masked-head", False, "PyTorch, LM head and loss on the masked positions only (hand-written)",
-                tasks=("mlm",)),
+        Variant(
+            "compile",
+            False,
+            "torch.compile (torch_compile=True, use_ort=False)",
+            torch_compile=True,
+            tasks=("mlm", "cls", "clm"),
+        ),
+        Variant(
+            "eager-trim",
+            False,
+            "eager fed the batches ORT's CPU path runs (trailing all-padding columns "
+            "dropped): the engine's like-for-like baseline on padded data",
+            trim=True,
+            tasks=("cls",),
+            paddings=("max_length",),
+        ),
+        Variant(
+            "masked-head",
+            False,
+            "PyTorch, LM head and loss on the masked positions only (hand-written)",
+            tasks=("mlm",),
+        ),
         Variant("ort", True, "ORTTrainer defaults (ORTModule, ModuleWithLoss, label sparsity)"),
-        Variant("ort-recompute", True, "ORTTrainer with ort_memory_opt_level=1 (layer-wise recompute)",
-                memory_opt_level=1, tasks=("mlm", "cls", "clm")),
-        Variant("ort-recompute2", True, "ORTTrainer with ort_memory_opt_level=2 (layer-wise plus compromised plans)",
-                memory_opt_level=2, default=False),
-        Variant("ort-ort-dropout", True, "ORTTrainer with ORT's own CPU dropout kernels "
-                "(ort_cpu_dropout_kernels=False): what ort_hf's dropout kernels save", cpu_dropout_kernels=False,
-                default=False),
-        Variant("ort-budget", True, "ORTTrainer budget mode (ort_memory_budget_mb=--memory_budget_mb)",
-                budget=True, default=False),
+        Variant(
+            "ort-recompute",
+            True,
+            "ORTTrainer with ort_memory_opt_level=1 (layer-wise recompute)",
+            memory_opt_level=1,
+            tasks=("mlm", "cls", "clm"),
+        ),
+        Variant(
+            "ort-recompute2",
+            True,
+            "ORTTrainer with ort_memory_opt_level=2 (layer-wise plus compromised plans)",
+            memory_opt_level=2,
+            default=False,
+        ),
+        Variant(
+            "ort-ort-dropout",
+            True,
+            "ORTTrainer with ORT's own CPU dropout kernels "
+            "(ort_cpu_dropout_kernels=False): what ort_hf's dropout kernels save",
+            cpu_dropout_kernels=False,
+            default=False,
+        ),
+        Variant(
+            "ort-budget",
+            True,
+            "ORTTrainer budget mode (ort_memory_budget_mb=--memory_budget_mb)",
+            budget=True,
+            default=False,
+        ),
     )
 }
 DEFAULT_VARIANTS = [name for name, v in VARIANTS.items() if v.default]

@@ -41,11 +41,17 @@ def break_even(row: dict, rows: list[dict]) -> float | None:
     each one's first step (ORT: export, gradient graph, session and the step) and median step.
     Computed from stored rows, so results written before this figure existed render it too."""
     base = find_row(rows, row["workload"], BASELINE)
-    if row["status"] != "ok" or base is None or row is base or row.get("first_step_s") is None \
-            or base.get("first_step_s") is None:
+    if (
+        row["status"] != "ok"
+        or base is None
+        or row is base
+        or row.get("first_step_s") is None
+        or base.get("first_step_s") is None
+    ):
         return None
-    return break_even_steps(row["first_step_s"], row["step_median_ms"] / 1000, base["first_step_s"],
-                            base["step_median_ms"] / 1000)
+    return break_even_steps(
+        row["first_step_s"], row["step_median_ms"] / 1000, base["first_step_s"], base["step_median_ms"] / 1000
+    )
 
 
 def _compare_same_input(row: dict, rows: list[dict]) -> None:
@@ -62,8 +68,13 @@ def _compare_same_input(row: dict, rows: list[dict]) -> None:
 
 def _row(workload: str, variant: str, runs: list[dict]) -> dict:
     ok = [r for r in runs if r["status"] == "ok"]
-    row = {"workload": workload, "variant": variant, "rounds_ok": len(ok), "rounds_failed": len(runs) - len(ok),
-           "status": "ok" if ok else runs[0]["status"]}
+    row = {
+        "workload": workload,
+        "variant": variant,
+        "rounds_ok": len(ok),
+        "rounds_failed": len(runs) - len(ok),
+        "status": "ok" if ok else runs[0]["status"],
+    }
     failed = [r for r in runs if r["status"] != "ok"]
     if failed:
         row["reason"] = failed[0]["reason"]
@@ -127,8 +138,9 @@ def _compare(row: dict, base: dict | None) -> None:
 
 def find_row(rows: list[dict], workload: str, variant: str) -> dict | None:
     """The successful row of ``variant`` on ``workload``, if any."""
-    return next((r for r in rows if r["workload"] == workload and r["variant"] == variant and r["status"] == "ok"),
-                None)
+    return next(
+        (r for r in rows if r["workload"] == workload and r["variant"] == variant and r["status"] == "ok"), None
+    )
 
 
 def per_round_ratios(row: dict, other: dict) -> list[float]:

@@ -13,8 +13,13 @@ from pathlib import Path
 
 # First match wins: pairs before single sentences ("question","sentence" is QNLI's pair).
 TEXT_COLUMNS = (
-    ("sentence1", "sentence2"), ("#1 string", "#2 string"), ("question1", "question2"),
-    ("question", "sentence"), ("premise", "hypothesis"), ("sentence",), ("text",),
+    ("sentence1", "sentence2"),
+    ("#1 string", "#2 string"),
+    ("question1", "question2"),
+    ("question", "sentence"),
+    ("premise", "hypothesis"),
+    ("sentence",),
+    ("text",),
 )
 LABEL_COLUMNS = ("label", "labels", "quality", "gold_label")
 
@@ -39,8 +44,9 @@ def read_table(path: Path, rows: int | None = None) -> Table:
         records = _records(f, path)
         header = next(records, None)
         if not header:
-            raise BadTable(f"{path} is empty: it needs a header row (CSV/TSV) or keys (JSON lines), "
-                           "e.g. sentence,label")
+            raise BadTable(
+                f"{path} is empty: it needs a header row (CSV/TSV) or keys (JSON lines), e.g. sentence,label"
+            )
         text_cols, label_col = _columns(header, path)
         texts: tuple[list[str], ...] = tuple([] for _ in text_cols)
         raw_labels: list[str] = []
@@ -74,8 +80,10 @@ def _records(f, path: Path) -> Iterator[list[str]]:
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict):
-            raise BadTable(f"{path.name}: line {number} is not a JSON object; the bench reads JSON lines "
-                           "(one object per line, as datasets' to_json writes them)")
+            raise BadTable(
+                f"{path.name}: line {number} is not a JSON object; the bench reads JSON lines "
+                "(one object per line, as datasets' to_json writes them)"
+            )
         if keys is None:
             keys = list(record)
             yield keys

@@ -59,47 +59,73 @@ def check_targets(spec: dict, rows: list[dict], dropout: float | None) -> list[d
     for goal in spec.get("speed", []):
         row = find_row(rows, goal["workload"], goal.get("variant", "ort"))
         if row and "speedup" in row:
-            add(*_ratio_target(f"{goal['workload']}: {row['variant']}", "eager", row["speedup"],
-                               row.get("speedup_min", row["speedup"]), goal["at_least"], tolerance))
+            add(
+                *_ratio_target(
+                    f"{goal['workload']}: {row['variant']}",
+                    "eager",
+                    row["speedup"],
+                    row.get("speedup_min", row["speedup"]),
+                    goal["at_least"],
+                    tolerance,
+                )
+            )
             if "peak_at_most" in goal and "run_peak_ratio" in row:
-                add(f"{goal['workload']}: {row['variant']} peak memory <= {goal['peak_at_most']:.2f}x eager's "
-                    "(whole run)", f"{row['run_peak_ratio']:.2f}x", row["run_peak_ratio"] <= goal["peak_at_most"])
+                add(
+                    f"{goal['workload']}: {row['variant']} peak memory <= {goal['peak_at_most']:.2f}x eager's "
+                    "(whole run)",
+                    f"{row['run_peak_ratio']:.2f}x",
+                    row["run_peak_ratio"] <= goal["peak_at_most"],
+                )
     for goal in spec.get("against", []):
-        row, other = find_row(rows, goal["workload"], goal.get("variant", "ort")), find_row(
-            rows, goal["workload"], goal["other"])
+        row, other = (
+            find_row(rows, goal["workload"], goal.get("variant", "ort")),
+            find_row(rows, goal["workload"], goal["other"]),
+        )
         if row and other:
             ratio = row["samples_per_s"] / other["samples_per_s"]
             low = min(per_round_ratios(row, other), default=ratio)
-            add(*_ratio_target(f"{goal['workload']}: {row['variant']}", goal["other"], ratio, low, goal["at_least"],
-                               tolerance))
+            add(
+                *_ratio_target(
+                    f"{goal['workload']}: {row['variant']}", goal["other"], ratio, low, goal["at_least"], tolerance
+                )
+            )
     every = spec.get("every_workload")
     if every:
         variant = every.get("variant", "ort")
         measured = [r for r in rows if r["variant"] == variant and r["status"] == "ok" and "speedup" in r]
         if measured:
             slowest = min(measured, key=lambda r: r["speedup"])
-            add(f"no workload's {variant} below {every['at_least']:.2f}x eager (median)",
-                f"slowest {slowest['workload']} {slowest['speedup']:.2f}x", slowest["speedup"] >= every["at_least"])
+            add(
+                f"no workload's {variant} below {every['at_least']:.2f}x eager (median)",
+                f"slowest {slowest['workload']} {slowest['speedup']:.2f}x",
+                slowest["speedup"] >= every["at_least"],
+            )
     init = spec.get("init")
     if init:
         for workload in init.get("workloads", []):
             row = find_row(rows, workload, init.get("variant", "ort"))
             if row and row.get("ort_init_s") is not None:
-                add(f"{workload}: ORT export + session <= {init['at_most_s']:.0f} s",
-                    f"{row['ort_init_s']:.1f} s (export {row['export_s']:.1f} s)", row["ort_init_s"] <= init["at_most_s"])
+                add(
+                    f"{workload}: ORT export + session <= {init['at_most_s']:.0f} s",
+                    f"{row['ort_init_s']:.1f} s (export {row['export_s']:.1f} s)",
+                    row["ort_init_s"] <= init["at_most_s"],
+                )
     loss = spec.get("loss")
     if loss and dropout == 0:  # with dropout on, each engine draws its own masks: losses differ by design
         worst = [r for r in rows if "final_loss_rel_diff" in r and r["variant"] != BASELINE]
         if worst:
             w = max(worst, key=lambda r: abs(r["final_loss_rel_diff"]))
-            add(f"final loss within {loss['max_rel_diff']:.0%} of eager at the same step (all variants)",
+            add(
+                f"final loss within {loss['max_rel_diff']:.0%} of eager at the same step (all variants)",
                 f"worst {abs(w['final_loss_rel_diff']):.1e} relative ({w['workload']} / {w['variant']})",
-                abs(w["final_loss_rel_diff"]) <= loss["max_rel_diff"])
+                abs(w["final_loss_rel_diff"]) <= loss["max_rel_diff"],
+            )
     return out
 
 
-def _ratio_target(who: str, other: str, median: float, lowest_round: float, at_least: float,
-                  tolerance: float) -> tuple[str, str, bool]:
+def _ratio_target(
+    who: str, other: str, median: float, lowest_round: float, at_least: float, tolerance: float
+) -> tuple[str, str, bool]:
     floor = at_least * (1 - tolerance)
     text = f"{who} >= {at_least:.2f}x {other} samples/s"
     if tolerance:

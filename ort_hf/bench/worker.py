@@ -54,8 +54,11 @@ def _settings(ns: argparse.Namespace) -> BenchSettings:
 
 def _reason(exc: BaseException) -> str:
     """The exception's message on one line (ORTTrainer's resume hint left out: the bench saves nothing)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines()
-             if line.strip() and not line.startswith("Last complete checkpoint:")]
+    lines = [
+        line.strip()
+        for line in str(exc).strip().splitlines()
+        if line.strip() and not line.startswith("Last complete checkpoint:")
+    ]
     return f"{type(exc).__name__}: {' / '.join(lines)[:400]}".strip()
 
 
@@ -71,8 +74,9 @@ def run(workload: Workload, variant: Variant, settings: BenchSettings) -> dict:
         dataset = build_dataset(workload, settings, tokenizer)
     except DataMissing as exc:
         return {"status": "skipped", "reason": str(exc)}
-    model = build_model(workload, settings, tokenizer, masked_head=variant.name == "masked-head",
-                        num_labels=num_labels(dataset) or 2)
+    model = build_model(
+        workload, settings, tokenizer, masked_head=variant.name == "masked-head", num_labels=num_labels(dataset) or 2
+    )
     collate = collator_for(workload, tokenizer)
     if variant.trim:
         collate = _trimmed(collate)
@@ -96,11 +100,20 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
     export_peak = ExportPeak(model)
     with tempfile.TemporaryDirectory(prefix="ort-hf-bench-") as out:
         args = ORTTrainingArguments(
-            output_dir=out, max_steps=settings.warmup_steps + settings.steps_for(workload),
-            per_device_train_batch_size=settings.batch_for(workload), learning_rate=settings.learning_rate,
-            logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=settings.seed,
-            dataloader_num_workers=0, use_ort=variant.use_ort, torch_compile=variant.torch_compile,
-            ort_memory_opt_level=variant.memory_opt_level, ort_cpu_dropout_kernels=variant.cpu_dropout_kernels,
+            output_dir=out,
+            max_steps=settings.warmup_steps + settings.steps_for(workload),
+            per_device_train_batch_size=settings.batch_for(workload),
+            learning_rate=settings.learning_rate,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            seed=settings.seed,
+            dataloader_num_workers=0,
+            use_ort=variant.use_ort,
+            torch_compile=variant.torch_compile,
+            ort_memory_opt_level=variant.memory_opt_level,
+            ort_cpu_dropout_kernels=variant.cpu_dropout_kernels,
             ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
             ort_intra_op_threads=settings.threads,  # ORT's pool would otherwise take every core
@@ -178,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         result = {"status": "failed", "reason": _reason(exc)}
     result.update(
-        workload=workload.name, variant=variant.name, round=ns.round, wall_s=time.perf_counter() - started,
-        omp_num_threads=os.environ.get("OMP_NUM_THREADS"), settings=settings.as_dict(),
+        workload=workload.name,
+        variant=variant.name,
+        round=ns.round,
+        wall_s=time.perf_counter() - started,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        settings=settings.as_dict(),
     )
     Path(ns.result).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.result).write_text(json.dumps(result, indent=1))

@@ -14,8 +14,16 @@ from .observer import BatchObserver, all_reduce_sum
 
 logger = logging.getLogger(__name__)
 
-TABLE_HEADER = ("STEP", "INPUT TYPE", "INPUT NAME", "PAD IDX", "DENSITY", "VALID TOKENS", "TOTAL TOKENS",
-                "VALID TOKENS/BATCH")
+TABLE_HEADER = (
+    "STEP",
+    "INPUT TYPE",
+    "INPUT NAME",
+    "PAD IDX",
+    "DENSITY",
+    "VALID TOKENS",
+    "TOTAL TOKENS",
+    "VALID TOKENS/BATCH",
+)
 
 
 @dataclass
@@ -106,10 +114,17 @@ class InputDensityCallback(BatchObserver):
     def collect(self, args, state, logs: dict) -> dict:
         out: dict[str, float] = {}
         w = self._window
-        sums = all_reduce_sum([
-            w["embed"].valid, w["embed"].total, w["label"].valid, w["label"].total,
-            self._window_timed_tokens, self._window_timed_samples, self._window_seconds,
-        ])
+        sums = all_reduce_sum(
+            [
+                w["embed"].valid,
+                w["embed"].total,
+                w["label"].valid,
+                w["label"].total,
+                self._window_timed_tokens,
+                self._window_timed_samples,
+                self._window_seconds,
+            ]
+        )
         embed_valid, embed_total, label_valid, label_total, tokens, samples, seconds = sums
         world = max(1, args.world_size)
         if embed_total:
@@ -141,7 +156,10 @@ class InputDensityCallback(BatchObserver):
                 100 * (1 - embed),
             )
         # TRL's fused head computed on the used rows in the graph (ort/head_on_used_rows) is the same saving
-        if label < SPARSITY_THRESHOLD and 1.0 not in (logs.get("ort/label_sparsity"), logs.get("ort/head_on_used_rows")):
+        if label < SPARSITY_THRESHOLD and 1.0 not in (
+            logs.get("ort/label_sparsity"),
+            logs.get("ort/head_on_used_rows"),
+        ):
             logger.warning(
                 "ort_hf: only %.0f%% of label positions are used and ORT's label sparsity is not active: "
                 "train with ORTTrainer and ModuleWithLoss (--use_module_with_loss true, the default).",
@@ -154,7 +172,17 @@ class InputDensityCallback(BatchObserver):
             c = counts[kind.lower()]
             if c.total:
                 per_batch = c.valid / c.samples if c.samples else float("nan")
-                rows.append((str(step), kind, name, str(pad), f"{100 * c.density:.2f}%", str(int(c.valid)),
-                             str(int(c.total)), f"{per_batch:.1f}"))
+                rows.append(
+                    (
+                        str(step),
+                        kind,
+                        name,
+                        str(pad),
+                        f"{100 * c.density:.2f}%",
+                        str(int(c.valid)),
+                        str(int(c.total)),
+                        f"{per_batch:.1f}",
+                    )
+                )
         widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
         return "\n".join(" | ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows)

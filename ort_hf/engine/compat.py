@@ -287,8 +287,10 @@ def _bridge_post_export_repairs() -> None:
                 unreachable = set(unreachable_parameters(model, [n for n in required if n in parameters]))
                 if unreachable:
                     info.onnx_graph_input_names_require_grad = [n for n in required if n not in unreachable]
-                    kwargs["logger"].info("ort_hf: no gradient path from the outputs to %s: their .grad stays None, "
-                                          "as in PyTorch.", ", ".join(sorted(unreachable)))
+                    kwargs["logger"].info(
+                        "ort_hf: no gradient path from the outputs to %s: their .grad stays None, as in PyTorch.",
+                        ", ".join(sorted(unreachable)),
+                    )
             return info
 
         return post_export_process
@@ -315,7 +317,8 @@ def _bridge_padding_elimination() -> None:
                 if record.eliminate_padding:
                     info = post_export_processed_model_info
                     info._post_export_processed_model, record.padding_rewrite = eliminate_padding(
-                        info._post_export_processed_model)
+                        info._post_export_processed_model
+                    )
             return original(self, post_export_processed_model_info)
 
         return initialize_graph_builder
@@ -362,7 +365,8 @@ def recheck_trainable(training_manager):
     saved = options.skip_check
     # Both: the second creates the new session for the rebuilt graph (_training_manager.py:274).
     options.skip_check = _SkipCheck(
-        saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT))
+        saved & ~(_SkipCheck.SKIP_CHECK_BUILD_GRADIENT | _SkipCheck.SKIP_CHECK_EXECUTION_AGENT)
+    )
     try:
         yield
     finally:
@@ -412,9 +416,11 @@ def loss_as_trainer_returns(trainer, loss, num_items_in_batch):
     by the processes that share it (tensor-parallel ranks see one batch) or by the GPUs of a
     DataParallel. Recheck against the parent when the transformers cap moves: 4.x scaled by
     ``num_processes`` alone, and 5.x reads ``get_tp_size``."""
-    if (trainer.args.average_tokens_across_devices
-            and (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func)
-            and num_items_in_batch is not None):
+    if (
+        trainer.args.average_tokens_across_devices
+        and (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func)
+        and num_items_in_batch is not None
+    ):
         scale = trainer.accelerator.num_processes // trainer.get_tp_size()
         loss = loss * (scale if trainer.args.n_gpu <= 1 else trainer.args.n_gpu)
     return loss

@@ -67,8 +67,11 @@ def _scalar_constants(graph: GraphProto) -> dict[str, int | float | bool]:
     """One-element constants of ``graph`` by name (initializers and Constant nodes), as Python
     ints, floats and bools."""
     tensors = [(init.name, init) for init in graph.initializer]
-    tensors += [(node.output[0], node.attribute[0].t) for node in graph.node
-                if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"]
+    tensors += [
+        (node.output[0], node.attribute[0].t)
+        for node in graph.node
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"
+    ]
     values = {}
     for name, tensor in tensors:
         if math.prod(tensor.dims) == 1:  # read no larger tensor's data
@@ -105,8 +108,11 @@ class _Context:
         """A float32 scalar constant holding ``value`` (ATen's ``float`` argument)."""
         if value not in self._ratio_names:
             name = f"ort_hf/dropout_ratio_{len(self._ratio_names)}"
-            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name, value=helper.make_tensor(
-                name, TensorProto.FLOAT, [], [value])))
+            self.new_nodes.append(
+                helper.make_node(
+                    "Constant", [], [name], name=name, value=helper.make_tensor(name, TensorProto.FLOAT, [], [value])
+                )
+            )
             self._ratio_names[value] = name
         return self._ratio_names[value]
 
@@ -121,33 +127,49 @@ class _Context:
     def _constant(self, name: str, elem_type: int, value) -> str:
         if name not in self._constants:
             self._constants.add(name)
-            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                                   value=helper.make_tensor(name, elem_type, [], [value])))
+            self.new_nodes.append(
+                helper.make_node(
+                    "Constant", [], [name], name=name, value=helper.make_tensor(name, elem_type, [], [value])
+                )
+            )
         return name
 
     def spatial_axis(self) -> str:
         """An int64 ``[2]`` constant: the axis a 1-D convolution's tensors gain to become 2-D."""
         if self._axis_name is None:
             name = self._axis_name = "ort_hf/conv_grad_axis"
-            self.new_nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                                   value=helper.make_tensor(name, TensorProto.INT64, [1], [2])))
+            self.new_nodes.append(
+                helper.make_node(
+                    "Constant", [], [name], name=name, value=helper.make_tensor(name, TensorProto.INT64, [1], [2])
+                )
+            )
         return self._axis_name
 
 
 def _cross_entropy(node, attrs: dict, ctx: _Context) -> list | None:
     inputs = list(node.input) + [""] * (4 - len(node.input))
     scores, labels, weight, ignore = inputs[:4]
-    if (ctx.types.get(scores) != TensorProto.FLOAT or attrs.get("output_type", TensorProto.FLOAT) != TensorProto.FLOAT
-            or (ignore and _int_constant(ctx.constants, ignore) is None)):
+    if (
+        ctx.types.get(scores) != TensorProto.FLOAT
+        or attrs.get("output_type", TensorProto.FLOAT) != TensorProto.FLOAT
+        or (ignore and _int_constant(ctx.constants, ignore) is None)
+    ):
         return None
     log_prob = node.output[1] if len(node.output) > 1 and node.output[1] else f"{_name(node)}/log_prob"
     nll_attrs = {"reduction": attrs.get("reduction", b"mean").decode()}
     if ignore:
         nll_attrs["ignore_index"] = _int_constant(ctx.constants, ignore)
     # axis 1: the classes of ONNX's cross-entropy, for 2-D scores and for (N, C, d1, ...) alike.
-    return [helper.make_node("LogSoftmax", [scores], [log_prob], name=f"{_name(node)}/LogSoftmax", axis=1),
-            helper.make_node("NegativeLogLikelihoodLoss", [log_prob, labels] + ([weight] if weight else []),
-                             [node.output[0]], name=f"{_name(node)}/NegativeLogLikelihoodLoss", **nll_attrs)]
+    return [
+        helper.make_node("LogSoftmax", [scores], [log_prob], name=f"{_name(node)}/LogSoftmax", axis=1),
+        helper.make_node(
+            "NegativeLogLikelihoodLoss",
+            [log_prob, labels] + ([weight] if weight else []),
+            [node.output[0]],
+            name=f"{_name(node)}/NegativeLogLikelihoodLoss",
+            **nll_attrs,
+        ),
+    ]
 
 
 def _name(node) -> str:
@@ -175,12 +197,17 @@ def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict
             continue
         x, ratio_name, mode = (list(node.input) + ["", ""])[:3]
         ratio = constants.get(ratio_name) if ratio_name else 0.5
-        if (types.get(x) != TensorProto.FLOAT or not isinstance(ratio, float) or not 0.0 < ratio < 1.0
-                or not _is_true(constants, mode)):
+        if (
+            types.get(x) != TensorProto.FLOAT
+            or not isinstance(ratio, float)
+            or not 0.0 < ratio < 1.0
+            or not _is_true(constants, mode)
+        ):
             continue
         mask = node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.output[0]}/ort_hf_mask"
-        if mask in graph_outputs or not all(_reads_as_gradient(reader, mask, ratio, constants)
-                                            for reader in readers.get(mask, [])):
+        if mask in graph_outputs or not all(
+            _reads_as_gradient(reader, mask, ratio, constants) for reader in readers.get(mask, [])
+        ):
             continue
         swappable[node.output[0]] = (mask, ratio)
     return swappable
@@ -188,8 +215,14 @@ def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict
 
 def _reads_as_gradient(node, mask: str, ratio: float, constants: dict) -> bool:
     inputs = list(node.input) + [""] * (4 - len(node.input))
-    return (node.op_type == "DropoutGrad" and node.domain == _MS and inputs[1] == mask and inputs.count(mask) == 1
-            and constants.get(inputs[2]) == ratio and _is_true(constants, inputs[3]))
+    return (
+        node.op_type == "DropoutGrad"
+        and node.domain == _MS
+        and inputs[1] == mask
+        and inputs.count(mask) == 1
+        and constants.get(inputs[2]) == ratio
+        and _is_true(constants, inputs[3])
+    )
 
 
 def _dropout(node, attrs: dict, ctx: _Context) -> list | None:
@@ -197,9 +230,17 @@ def _dropout(node, attrs: dict, ctx: _Context) -> list | None:
         return None
     mask, ratio = ctx.dropout_masks[node.output[0]]
     ctx.new_types.update({node.output[0]: TensorProto.FLOAT, mask: TensorProto.UINT8})
-    return [helper.make_node("ATen", [node.input[0], ctx.ratio(ratio)], [node.output[0], mask],
-                             name=f"{_name(node)}/ort_hf_cpu_dropout", domain=_ATEN, operator="ort_hf::cpu_dropout",
-                             overload_name="")]
+    return [
+        helper.make_node(
+            "ATen",
+            [node.input[0], ctx.ratio(ratio)],
+            [node.output[0], mask],
+            name=f"{_name(node)}/ort_hf_cpu_dropout",
+            domain=_ATEN,
+            operator="ort_hf::cpu_dropout",
+            overload_name="",
+        )
+    ]
 
 
 def _dropout_grad(node, attrs: dict, ctx: _Context) -> list | None:
@@ -207,9 +248,17 @@ def _dropout_grad(node, attrs: dict, ctx: _Context) -> list | None:
     if mask not in ctx.mask_ratios:
         return None
     ctx.new_types[node.output[0]] = TensorProto.FLOAT
-    return [helper.make_node("ATen", [node.input[0], mask, ctx.ratio(ctx.mask_ratios[mask])], [node.output[0]],
-                             name=f"{_name(node)}/ort_hf_cpu_dropout_grad", domain=_ATEN,
-                             operator="ort_hf::cpu_dropout_grad", overload_name="")]
+    return [
+        helper.make_node(
+            "ATen",
+            [node.input[0], mask, ctx.ratio(ctx.mask_ratios[mask])],
+            [node.output[0]],
+            name=f"{_name(node)}/ort_hf_cpu_dropout_grad",
+            domain=_ATEN,
+            operator="ort_hf::cpu_dropout_grad",
+            overload_name="",
+        )
+    ]
 
 
 def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
@@ -219,9 +268,18 @@ def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
     dy, x, bias = node.input
     pre = f"{_name(node)}/gelu_input"
     ctx.new_types[node.output[0]] = TensorProto.FLOAT
-    return [helper.make_node("Add", [x, bias], [pre], name=f"{_name(node)}/Add"),
-            helper.make_node("ATen", [dy, pre, ""], [node.output[0]], name=f"{_name(node)}/gelu_backward",
-                             domain=_ATEN, operator="gelu_backward", overload_name="")]
+    return [
+        helper.make_node("Add", [x, bias], [pre], name=f"{_name(node)}/Add"),
+        helper.make_node(
+            "ATen",
+            [dy, pre, ""],
+            [node.output[0]],
+            name=f"{_name(node)}/gelu_backward",
+            domain=_ATEN,
+            operator="gelu_backward",
+            overload_name="",
+        ),
+    ]
 
 
 def _weight_lookups(graph: GraphProto) -> set[str]:
@@ -233,18 +291,33 @@ def _weight_lookups(graph: GraphProto) -> set[str]:
     count changes every batch; kept buffers for those would be evicted and re-faulted in turn, the
     vocabulary-sized one with them."""
     produced = {out for node in graph.node for out in node.output}
-    return {node.input[1] for node in graph.node
-            if node.op_type == "ATen" and node.domain == _ATEN and len(node.input) > 1
-            and any(a.name == "operator" and a.s == b"embedding" for a in node.attribute)
-            and node.input[0] not in produced}
+    return {
+        node.input[1]
+        for node in graph.node
+        if node.op_type == "ATen"
+        and node.domain == _ATEN
+        and len(node.input) > 1
+        and any(a.name == "operator" and a.s == b"embedding" for a in node.attribute)
+        and node.input[0] not in produced
+    }
 
 
 def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
-    if (attrs.get("operator") != b"embedding_backward" or not ctx.own_embedding_grad
-            or node.input[1] not in ctx.weight_lookups):
+    if (
+        attrs.get("operator") != b"embedding_backward"
+        or not ctx.own_embedding_grad
+        or node.input[1] not in ctx.weight_lookups
+    ):
         return None
-    swapped = helper.make_node("ATen", list(node.input), list(node.output), name=f"{_name(node)}/ort_hf_embedding_grad",
-                               domain=_ATEN, operator="ort_hf::embedding_dense_grad", overload_name="")
+    swapped = helper.make_node(
+        "ATen",
+        list(node.input),
+        list(node.output),
+        name=f"{_name(node)}/ort_hf_embedding_grad",
+        domain=_ATEN,
+        operator="ort_hf::embedding_dense_grad",
+        overload_name="",
+    )
     if node.output[0] not in ctx.types and ctx.types.get(node.input[0]):  # the output's type is the gradient's
         ctx.new_types[node.output[0]] = ctx.types[node.input[0]]
     return [swapped]
@@ -255,7 +328,8 @@ def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
         raise NotImplementedError(
             f"{_name(node)}: ORT 1.19.2's CPU ConvGrad ignores auto_pad={attrs['auto_pad'].decode()} and would "
             "compute an unpadded convolution's gradients; export the convolution with explicit pads "
-            "(ort_hf's _convolution_mode symbolic does) or train it with PyTorch (ort_fallback='auto')")
+            "(ort_hf's _convolution_mode symbolic does) or train it with PyTorch (ort_fallback='auto')"
+        )
     group = attrs.get("group", 1)
     if group == 1 or not node.output or not node.output[0]:
         return None  # one group clears the whole image, which is all of it; without dX, no col2im
@@ -266,7 +340,8 @@ def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
         raise NotImplementedError(
             f"{_name(node)}: the gradient of a grouped convolution with a {spatial or 'unknown'}-D kernel runs on ORT "
             "1.19.2's CPU ConvGrad, which writes past its output (engine/cpu_kernel_swaps.py); train this model "
-            "with PyTorch (ort_fallback='auto' does it) or without groups.")
+            "with PyTorch (ort_fallback='auto' does it) or without groups."
+        )
     axis, prefix = ctx.spatial_axis(), _name(node)
     nodes = []
     inputs = []
@@ -286,8 +361,9 @@ def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
         conv_attrs["pads"] = [0, begin, 0, end]
     conv_attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in conv_attrs.items()}
     nodes.append(helper.make_node("ConvGrad", inputs, outputs, name=f"{prefix}/2d", domain=_MS, **conv_attrs))
-    nodes += [helper.make_node("Squeeze", [outputs[i], axis], [name], name=f"{prefix}/Squeeze_{i}")
-              for i, name in squeezed]
+    nodes += [
+        helper.make_node("Squeeze", [outputs[i], axis], [name], name=f"{prefix}/Squeeze_{i}") for i, name in squeezed
+    ]
     return nodes
 
 
@@ -297,30 +373,50 @@ def _conv_rank(attrs: dict) -> int | None:
         if key in attrs:
             return len(attrs[key]) // per_axis
     return None
+
+
 def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
     if len([name for name in node.input if name]) != 2 or TensorProto.FLOAT not in (
-            ctx.types.get(node.input[0]), ctx.types.get(node.input[1])):
+        ctx.types.get(node.input[0]),
+        ctx.types.get(node.input[1]),
+    ):
         return None
     # FusedMatMul leaves its output unwritten when the sum is over no rows (values left in the
     # buffer, NaN among them): Where picks zeros then, and FusedMatMul's own values otherwise.
     prefix, trans_a = _name(node), int(attrs.get("transA", 0))
     product, shape, k, nonempty = (f"{prefix}/{part}" for part in ("product", "a_shape", "k", "nonempty"))
-    return [helper.make_node("FusedMatMul", list(node.input[:2]), [product], name=f"{prefix}/FusedMatMul",
-                             domain=_MS, alpha=float(attrs.get("alpha", 1.0)), transA=trans_a,
-                             transB=int(attrs.get("transB", 0))),
-            helper.make_node("Shape", [node.input[0]], [shape], name=f"{prefix}/Shape"),
-            helper.make_node("Gather", [shape, ctx.int64_scalar(0 if trans_a else 1)], [k], name=f"{prefix}/K", axis=0),
-            helper.make_node("Greater", [k, ctx.int64_scalar(0)], [nonempty], name=f"{prefix}/NonEmpty"),
-            helper.make_node("Where", [nonempty, product, ctx.float_zero()], list(node.output), name=f"{prefix}/Where")]
+    return [
+        helper.make_node(
+            "FusedMatMul",
+            list(node.input[:2]),
+            [product],
+            name=f"{prefix}/FusedMatMul",
+            domain=_MS,
+            alpha=float(attrs.get("alpha", 1.0)),
+            transA=trans_a,
+            transB=int(attrs.get("transB", 0)),
+        ),
+        helper.make_node("Shape", [node.input[0]], [shape], name=f"{prefix}/Shape"),
+        helper.make_node("Gather", [shape, ctx.int64_scalar(0 if trans_a else 1)], [k], name=f"{prefix}/K", axis=0),
+        helper.make_node("Greater", [k, ctx.int64_scalar(0)], [nonempty], name=f"{prefix}/NonEmpty"),
+        helper.make_node("Where", [nonempty, product, ctx.float_zero()], list(node.output), name=f"{prefix}/Where"),
+    ]
 
 
 # (op type, domain) -> (the swap's name, its rewrite); which run for a model: swap_switches.py.
-_SWAPS = {("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
-          ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
-          ("Dropout", ""): ("dropout", _dropout), ("Dropout", "ai.onnx"): ("dropout", _dropout),
-          ("DropoutGrad", _MS): ("dropout", _dropout_grad), ("ATen", _ATEN): ("embedding_grad", _embedding_grad),
-          ("ConvGrad", _MS): ("conv_grad", _conv_grad), ("Gemm", ""): ("gemm", _gemm),
-          ("Gemm", "ai.onnx"): ("gemm", _gemm)}
+_SWAPS = {
+    ("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
+    ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
+    ("Dropout", ""): ("dropout", _dropout),
+    ("Dropout", "ai.onnx"): ("dropout", _dropout),
+    ("DropoutGrad", _MS): ("dropout", _dropout_grad),
+    ("ATen", _ATEN): ("embedding_grad", _embedding_grad),
+    ("ConvGrad", _MS): ("conv_grad", _conv_grad),
+    ("Gemm", ""): ("gemm", _gemm),
+    ("Gemm", "ai.onnx"): ("gemm", _gemm),
+}
+
+
 def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS) -> dict[str, int]:
     """Rewrite ``graph`` in place with the swaps named in ``swaps``; returns how many nodes of each
     type were swapped. The graph's opset is ORT's training opset (14 to 20 in ort_hf,

@@ -92,8 +92,7 @@ def torch_uses_tf32() -> bool:
     ``allow_tf32 = True`` are reflected here as well."""
     import torch
 
-    return (torch.backends.cuda.matmul.fp32_precision == "tf32"
-            and torch.backends.cudnn.conv.fp32_precision == "tf32")
+    return torch.backends.cuda.matmul.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "tf32"
 
 
 class _LinkMap(ctypes.Structure):  # the head of glibc's struct link_map (<link.h>)
@@ -220,5 +219,7 @@ def gpu_arch_note(capability: tuple[int, int]) -> str:
     if capability >= (10, 0):
         return f"{name}: not supported (cuDNN 8, which ORT 1.19.2 needs, has no Blackwell support)"
     newest = max(ORT_PTX_ARCHS)
-    return (f"{name}: ORT carries no build for it; the driver JIT-compiles its compute_{newest[0]}{newest[1]} PTX "
-            "on first use (minutes; the driver's JIT cache keeps the result for later runs)")
+    return (
+        f"{name}: ORT carries no build for it; the driver JIT-compiles its compute_{newest[0]}{newest[1]} PTX "
+        "on first use (minutes; the driver's JIT cache keeps the result for later runs)"
+    )

@@ -46,8 +46,12 @@ class JitEnvironment:
     warning: str | None = None  # CUDA was initialised first: what to export instead
 
 
-def decide_jit_environment(environ: Mapping[str, str], cuda_initialised: bool, loading_mode: str | None = None,
-                           capabilities: tuple[tuple[int, int], ...] = ()) -> JitEnvironment:
+def decide_jit_environment(
+    environ: Mapping[str, str],
+    cuda_initialised: bool,
+    loading_mode: str | None = None,
+    capabilities: tuple[tuple[int, int], ...] = (),
+) -> JitEnvironment:
     """What to set, given the environment and whether ``cuInit`` has run in this process; then,
     ``loading_mode`` is the driver's module loading mode (None: unknown) and ``capabilities`` the
     visible GPUs' compute capabilities (empty: unknown)."""
@@ -70,10 +74,12 @@ def decide_jit_environment(environ: Mapping[str, str], cuda_initialised: bool, l
         missing["CUDA_MODULE_LOADING"] = "LAZY"
     warning = None
     if missing:
-        warning = (f"ort_hf: CUDA was initialised in this process before ORT's CUDA provider was loaded, so "
-                   f"{' and '.join(missing)} cannot take effect now (the driver reads them at cuInit); on a GPU "
-                   "ORT has no cubin for (sm_90), its first step can take minutes. Export them before starting "
-                   f"Python: export {' '.join(f'{k}={v}' for k, v in missing.items())}")
+        warning = (
+            f"ort_hf: CUDA was initialised in this process before ORT's CUDA provider was loaded, so "
+            f"{' and '.join(missing)} cannot take effect now (the driver reads them at cuInit); on a GPU "
+            "ORT has no cubin for (sm_90), its first step can take minutes. Export them before starting "
+            f"Python: export {' '.join(f'{k}={v}' for k, v in missing.items())}"
+        )
     return JitEnvironment(set_by_ort_hf={}, given=given, warning=warning)
 
 
@@ -132,13 +138,20 @@ def first_step_note(capability: tuple[int, int], seconds: float, environ: Mappin
     if capability >= (10, 0):
         return f"{head}: {gpu_arch_note(capability)}"
     ptx = max(ORT_PTX_ARCHS)
-    which = ("the kernels it ran (CUDA_MODULE_LOADING=LAZY)" if environ.get("CUDA_MODULE_LOADING") == "LAZY"
-             else "every kernel of the provider (eager module loading)")
+    which = (
+        "the kernels it ran (CUDA_MODULE_LOADING=LAZY)"
+        if environ.get("CUDA_MODULE_LOADING") == "LAZY"
+        else "every kernel of the provider (eager module loading)"
+    )
     if environ.get("CUDA_CACHE_DISABLE") == "1":
         cache = "the JIT cache is off (CUDA_CACHE_DISABLE=1), so every process compiles them again"
     else:
         size = environ.get("CUDA_CACHE_MAXSIZE", "the driver's default")
-        cache = (f"the JIT cache (CUDA_CACHE_MAXSIZE={size}, {environ.get('CUDA_CACHE_PATH', DEFAULT_CACHE_PATH)}) "
-                 "keeps them for the next run")
-    return (f"{head}: this GPU's sm_{capability[0]}{capability[1]} has no ORT cubin, so the driver JIT-compiled "
-            f"ORT's compute_{ptx[0]}{ptx[1]} PTX for {which}, or read them from its JIT cache; {cache}")
+        cache = (
+            f"the JIT cache (CUDA_CACHE_MAXSIZE={size}, {environ.get('CUDA_CACHE_PATH', DEFAULT_CACHE_PATH)}) "
+            "keeps them for the next run"
+        )
+    return (
+        f"{head}: this GPU's sm_{capability[0]}{capability[1]} has no ORT cubin, so the driver JIT-compiled "
+        f"ORT's compute_{ptx[0]}{ptx[1]} PTX for {which}, or read them from its JIT cache; {cache}"
+    )

@@ -23,8 +23,10 @@ from .errors import ExtensionBuildError
 
 DEFAULT_BUILD_ARCHS = "8.0;9.0"
 SYSTEM_TOOLKIT = "/usr/local/cuda"
-NVCC_WHEEL_HINT = ("pip install 'ort_hf[gpu-build]' (NVIDIA's nvcc wheels for torch's CUDA), or install the CUDA "
-                   "toolkit of torch's CUDA major version and set CUDA_HOME to it")
+NVCC_WHEEL_HINT = (
+    "pip install 'ort_hf[gpu-build]' (NVIDIA's nvcc wheels for torch's CUDA), or install the CUDA "
+    "toolkit of torch's CUDA major version and set CUDA_HOME to it"
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def gpu_archs() -> str:
 
 
 def toolkit_version(home: Path) -> str | None:
-    """"13.0" from the toolkit's ``cuda.h``, or None where ``home`` is not a toolkit with nvcc."""
+    """ "13.0" from the toolkit's ``cuda.h``, or None where ``home`` is not a toolkit with nvcc."""
     header = home / "include" / "cuda.h"
     if not ((home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists() and header.exists()):
         return None
@@ -71,9 +73,12 @@ def find_toolkit(cache: Path, torch_cuda: str) -> Toolkit:
     """The first toolkit whose CUDA major version is ``torch_cuda``'s (see the module docstring);
     raises ``ExtensionBuildError`` naming every candidate when none is."""
     nvcc = shutil.which("nvcc")
-    candidates = [("$CUDA_HOME", os.environ.get("CUDA_HOME")), ("$CUDA_PATH", os.environ.get("CUDA_PATH")),
-                  ("the nvcc on PATH", str(Path(nvcc).resolve().parent.parent) if nvcc else None),
-                  (SYSTEM_TOOLKIT, SYSTEM_TOOLKIT)]
+    candidates = [
+        ("$CUDA_HOME", os.environ.get("CUDA_HOME")),
+        ("$CUDA_PATH", os.environ.get("CUDA_PATH")),
+        ("the nvcc on PATH", str(Path(nvcc).resolve().parent.parent) if nvcc else None),
+        (SYSTEM_TOOLKIT, SYSTEM_TOOLKIT),
+    ]
     wanted = torch_cuda.split(".")[0]
     passed_over: list[str] = []
     seen: set[Path] = set()
@@ -91,8 +96,12 @@ def find_toolkit(cache: Path, torch_cuda: str) -> Toolkit:
     if wheel is not None:
         version = toolkit_version(wheel) or "unknown"
         if version.split(".")[0] == wanted:
-            return Toolkit(_assemble_cuda_home(wheel, wheel.parent, cache, version), version,
-                           "NVIDIA's nvcc wheels (gpu-build extra)", tuple(passed_over))
+            return Toolkit(
+                _assemble_cuda_home(wheel, wheel.parent, cache, version),
+                version,
+                "NVIDIA's nvcc wheels (gpu-build extra)",
+                tuple(passed_over),
+            )
         passed_over.append(f"NVIDIA's nvcc wheels ({wheel}) are CUDA {version}")
     found = "; ".join(passed_over) if passed_over else "no CUDA toolkit with nvcc was found"
     raise ExtensionBuildError(

@@ -51,8 +51,12 @@ def _session(path: Path):
 
 
 def export_inference_onnx(
-    model: nn.Module, sample_inputs: dict[str, torch.Tensor], output_dir: str | Path, opset_version: int = INFERENCE_OPSET,
-    atol: float = 1e-4, check_inputs: list[dict[str, torch.Tensor]] | None = None,
+    model: nn.Module,
+    sample_inputs: dict[str, torch.Tensor],
+    output_dir: str | Path,
+    opset_version: int = INFERENCE_OPSET,
+    atol: float = 1e-4,
+    check_inputs: list[dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Export ``model`` (eval mode) to ``output_dir/model.onnx`` with every tensor it outputs, by
     name (``logits``; ``start_logits`` / ``end_logits`` for QA; ...), dynamic batch and sequence
@@ -83,12 +87,21 @@ def export_inference_onnx(
             dynamic[name] = {0: "batch", 1: lengths[length]} if length in lengths else {0: "batch"}
         with torch.no_grad():
             torch.onnx.export(
-                wrapper, tuple(cpu_inputs[n] for n in names), str(path), input_names=names,
-                output_names=wrapper.output_names, dynamic_axes=dynamic, opset_version=opset_version,
-                do_constant_folding=True, dynamo=False,
+                wrapper,
+                tuple(cpu_inputs[n] for n in names),
+                str(path),
+                input_names=names,
+                output_names=wrapper.output_names,
+                dynamic_axes=dynamic,
+                opset_version=opset_version,
+                do_constant_folding=True,
+                dynamo=False,
             )
         session = _session(path)
-        for inputs in [cpu_inputs, *[{k: v.detach().cpu() for k, v in c.items() if k in names} for c in check_inputs or []]]:
+        for inputs in [
+            cpu_inputs,
+            *[{k: v.detach().cpu() for k, v in c.items() if k in names} for c in check_inputs or []],
+        ]:
             with torch.no_grad():
                 expected = wrapper(*(inputs[n] for n in names))
             got = session.run(wrapper.output_names, {n: inputs[n].numpy() for n in names})

@@ -89,8 +89,10 @@ def _precision(module) -> dict:
     return {
         "parameters": sorted({str(p.dtype) for p in module.parameters()}),
         "buffers": sorted({str(b.dtype) for b in module.buffers()}),
-        "autocast": {device: str(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
-                     for device in ("cpu", "cuda")},
+        "autocast": {
+            device: str(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+            for device in ("cpu", "cuda")
+        },
     }
 
 
@@ -109,8 +111,9 @@ def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
         "inputs": tensors,
         "input_names": list(model_info.onnx_graph_input_names),
         "require_grad": list(model_info.onnx_graph_input_names_require_grad),
-        "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in
-                         model_info.onnx_graph_input_dynamic_axes_map.items()},
+        "dynamic_axes": {
+            k: {str(a): n for a, n in v.items()} for k, v in model_info.onnx_graph_input_dynamic_axes_map.items()
+        },
         "export_mode": str(getattr(model_info, "export_mode", None)),
         "settings": settings,
     }
@@ -134,19 +137,26 @@ def cached_export(original, **kwargs):
         return original(**kwargs)
     uncached = {**kwargs, "ortmodule_cache_dir": ""}
     module = kwargs["flattened_module"]
-    settings = {k: kwargs.get(k) for k in ("onnx_opset_version", "enable_custom_autograd_function",
-                                           "enable_zero_stage3_support")}
+    settings = {
+        k: kwargs.get(k)
+        for k in ("onnx_opset_version", "enable_custom_autograd_function", "enable_zero_stage3_support")
+    }
     from .export_record import ACTIVE_EXPORT_RECORD
 
     record = ACTIVE_EXPORT_RECORD.get()
     shared = Path(os.path.abspath(root)) if record is not None and record.export_cache_shared else None
-    root = trust.trusted_dir(Path(root), "ORT's export cache", "--ort_export_cache_dir (or --ort_export_cache_shared "
-                             "for a cache shared with a group on purpose)", shared_below=shared)
+    root = trust.trusted_dir(
+        Path(root),
+        "ORT's export cache",
+        "--ort_export_cache_dir (or --ort_export_cache_shared for a cache shared with a group on purpose)",
+        shared_below=shared,
+    )
     try:
         import filelock
 
-        entry = Path(root) / entry_key(module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"],
-                                       settings)
+        entry = Path(root) / entry_key(
+            module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"], settings
+        )
         if shared:
             entry.mkdir(mode=0o770, parents=True, exist_ok=True)
         else:
@@ -154,8 +164,10 @@ def cached_export(original, **kwargs):
         lock = filelock.FileLock(str(entry / ".lock"))
         lock.acquire()
     except OSError as exc:
-        _warn_once(f"ort_hf: the export cache {root} cannot be used ({exc}); exporting without it. "
-                   "Point --ort_export_cache_dir at a writable folder to cache exports.")
+        _warn_once(
+            f"ort_hf: the export cache {root} cannot be used ({exc}); exporting without it. "
+            "Point --ort_export_cache_dir at a writable folder to cache exports."
+        )
         return original(**uncached)
     try:
         return _export_into(entry, original, kwargs, uncached)
@@ -172,8 +184,10 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
         logger.warning("ort_hf: removing %s, an export cache entry whose write never finished.", graph)
         graph.unlink()
     if graph.exists() and not trust.verified(graph):
-        _warn_once(f"ort_hf: the export cache entry {graph} does not match the hash recorded when it was exported; "
-                   "not loading it, exporting again.")
+        _warn_once(
+            f"ort_hf: the export cache entry {graph} does not match the hash recorded when it was exported; "
+            "not loading it, exporting again."
+        )
         trust.forget(graph)
         complete.unlink(missing_ok=True)
     hit = graph.exists()
@@ -184,8 +198,10 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
             raise  # the export itself failed: nothing to do with the cache
         graph.unlink(missing_ok=True)
         complete.unlink(missing_ok=True)
-        _warn_once(f"ort_hf: the export cache entry {graph} could not be {'read' if hit else 'written'} "
-                   f"({type(exc).__name__}: {exc}); exporting without the cache.")
+        _warn_once(
+            f"ort_hf: the export cache entry {graph} could not be {'read' if hit else 'written'} "
+            f"({type(exc).__name__}: {exc}); exporting without the cache."
+        )
         return original(**uncached)
     if not hit:
         try:

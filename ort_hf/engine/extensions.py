@@ -79,8 +79,11 @@ def _writable_dir(preferred: Path) -> Path:
         return preferred
     except OSError as exc:
         # A predictable /tmp path: used only while nobody else owns or can write it.
-        fallback = trust.trusted_dir(Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name,
-                                     "ORT's compiled extensions", f"${CACHE_ENV}")
+        fallback = trust.trusted_dir(
+            Path(tempfile.gettempdir()) / f"ort_hf-{os.getuid()}" / preferred.name,
+            "ORT's compiled extensions",
+            f"${CACHE_ENV}",
+        )
         warnings.warn(
             f"ort_hf: cache dir {preferred} is not writable ({exc.strerror}); building ORT "
             f"extensions in {fallback} instead. Set {CACHE_ENV} to a writable directory to keep them.",
@@ -138,8 +141,11 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
     if name == "torch_gpu_allocator":
         # ORT's setup.py fills these in for CUDA or ROCm before compiling.
         source = dest / "torch_gpu_allocator.cc"
-        source.write_text(source.read_text().replace("___gpu_identifier___", "cuda")
-                          .replace("___gpu_allocator_header___", "CUDACachingAllocator"))
+        source.write_text(
+            source.read_text()
+            .replace("___gpu_identifier___", "cuda")
+            .replace("___gpu_allocator_header___", "CUDACachingAllocator")
+        )
     from .extension_ports import apply_port
 
     apply_port(name, dest)
@@ -184,8 +190,11 @@ def build_extension(name: str, verbose: bool = False):
         if built.exists():
             if trust.verified(built):
                 return _load_so(name, built)
-            logger.warning("ort_hf: %s does not match the hash recorded when it was built (or none was); not "
-                           "loading it, rebuilding.", built)
+            logger.warning(
+                "ort_hf: %s does not match the hash recorded when it was built (or none was); not "
+                "loading it, rebuilding.",
+                built,
+            )
             shutil.rmtree(build_dir)
         _check_toolchain()
         build_dir.mkdir(exist_ok=True)
@@ -194,8 +203,10 @@ def build_extension(name: str, verbose: bool = False):
         (build_dir / "lock").unlink(missing_ok=True)
         toolkit = _cuda_toolkit(base) if is_cuda else None
         compilers = os.environ.get("CXX", "c++") + (f" and {toolkit.describe()}" if toolkit else "")
-        print(f"ort_hf: building ORTModule extension {name} with {compilers} (once per torch/ORT version, 1-5 min)...",
-              file=sys.stderr)
+        print(
+            f"ort_hf: building ORTModule extension {name} with {compilers} (once per torch/ORT version, 1-5 min)...",
+            file=sys.stderr,
+        )
         try:
             with _cuda_build_environment(toolkit, archs) if toolkit else contextlib.nullcontext():
                 cpp_extension.load(
@@ -214,8 +225,11 @@ def build_extension(name: str, verbose: bool = False):
         except Exception as exc:  # compiler errors arrive as RuntimeError/subprocess errors
             import torch
 
-            needs = (f"for sm {archs}; if the toolkit is at fault: {cuda_toolkit.NVCC_WHEEL_HINT}" if is_cuda
-                     else "it needs a C++17 g++, Python headers and ninja")
+            needs = (
+                f"for sm {archs}; if the toolkit is at fault: {cuda_toolkit.NVCC_WHEEL_HINT}"
+                if is_cuda
+                else "it needs a C++17 g++, Python headers and ninja"
+            )
             raise ExtensionBuildError(
                 f"Building ORTModule's {name} extension with {compilers} against torch {torch.__version__} "
                 f"failed ({needs}). The build said:\n{_build_output(exc)}\nBuild files: {build_dir}. "
@@ -240,8 +254,10 @@ def _cuda_archs() -> str:
     import torch
 
     if torch.version.cuda is None:
-        raise ExtensionBuildError(f"torch {torch.__version__} is a CPU build: ORT's CUDA extensions need torch's "
-                                  "CUDA build (pip install torch==2.13.0 from the default index).")
+        raise ExtensionBuildError(
+            f"torch {torch.__version__} is a CPU build: ORT's CUDA extensions need torch's "
+            "CUDA build (pip install torch==2.13.0 from the default index)."
+        )
     return cuda_toolkit.gpu_archs()
 
 
@@ -282,7 +298,9 @@ def _load_so(name: str, so: Path):
     try:
         spec.loader.exec_module(module)
     except ImportError as exc:
-        raise ExtensionBuildError(f"The built {name} at {so} does not load: {exc}. Delete {so.parent} to rebuild.") from exc
+        raise ExtensionBuildError(
+            f"The built {name} at {so} does not load: {exc}. Delete {so.parent} to rebuild."
+        ) from exc
     sys.modules[qualified] = module
     package = sys.modules.get(ORT_EXTENSION_PACKAGE)
     if package is not None:
@@ -299,7 +317,9 @@ def _load_operator_library(name: str, so: Path):
         try:
             torch.ops.load_library(str(so))
         except OSError as exc:
-            raise ExtensionBuildError(f"The built {name} at {so} does not load: {exc}. Delete {so.parent} to rebuild.") from exc
+            raise ExtensionBuildError(
+                f"The built {name} at {so} does not load: {exc}. Delete {so.parent} to rebuild."
+            ) from exc
         _status[name] = ExtensionStatus(name, True, so)
     return torch.ops.ort_hf
 

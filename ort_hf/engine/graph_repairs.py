@@ -37,8 +37,7 @@ import onnx
 from onnx import helper
 
 # The element types ORT differentiates through (gradient_graph_builder.h, GRAD_ALLOWED_TYPES).
-_DIFFERENTIABLE = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-                   onnx.TensorProto.DOUBLE}
+_DIFFERENTIABLE = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
 def _element_types(graph: onnx.GraphProto) -> dict[str, int]:
@@ -77,8 +76,13 @@ def drop_noop_casts(model: onnx.ModelProto) -> int:
             if name in renamed:
                 node.input[i] = renamed[name]
         to = next((a.i for a in node.attribute if a.name == "to"), None)
-        if (node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output[0] not in outputs
-                and to is not None and types.get(node.input[0]) == to):
+        if (
+            node.op_type == "Cast"
+            and node.domain in ("", "ai.onnx")
+            and node.output[0] not in outputs
+            and to is not None
+            and types.get(node.input[0]) == to
+        ):
             renamed[node.output[0]] = node.input[0]
             continue
         kept.append(node)
@@ -106,8 +110,9 @@ def _shapes(graph: onnx.GraphProto) -> dict[str, list]:
     shapes = {init.name: [int(d) for d in init.dims] for init in graph.initializer}
     for info in [*graph.input, *graph.output, *graph.value_info]:
         if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
-            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None
-                                 for d in info.type.tensor_type.shape.dim]
+            shapes[info.name] = [
+                d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim
+            ]
     return shapes
 
 
@@ -164,8 +169,17 @@ def detach_function_inputs(model: onnx.ModelProto, table: dict | None = None) ->
                 if i is None or types.get(node.input[i]) not in _DIFFERENTIABLE:
                     continue
                 detached = f"{node.input[i]}_detached_for_{node.name}_{i}"
-                nodes.append(helper.make_node("ATen", [node.input[i]], [detached], f"{node.name}/detach_copy_{i}",
-                                              domain=_ATEN, operator="detach_copy", overload_name=""))
+                nodes.append(
+                    helper.make_node(
+                        "ATen",
+                        [node.input[i]],
+                        [detached],
+                        f"{node.name}/detach_copy_{i}",
+                        domain=_ATEN,
+                        operator="detach_copy",
+                        overload_name="",
+                    )
+                )
                 if node.input[i] in infos:  # ORT infers no type for an ATen node's output
                     info = onnx.ValueInfoProto()
                     info.CopyFrom(infos[node.input[i]])

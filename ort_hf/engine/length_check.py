@@ -44,8 +44,10 @@ class LengthDependentNode:
 
     def __str__(self) -> str:
         where = f"\n      from {self.source}" if self.source else ""
-        return (f"{self.op_type} {self.name}: {_short(self.values[0])} -> {_short(self.values[1])}, feeds "
-                f"{', '.join(self.consumers) or 'nothing'}{where}")
+        return (
+            f"{self.op_type} {self.name}: {_short(self.values[0])} -> {_short(self.values[1])}, feeds "
+            f"{', '.join(self.consumers) or 'nothing'}{where}"
+        )
 
 
 def _short(value, limit: int = 60) -> str:
@@ -78,8 +80,9 @@ class LengthReport:
         return "\n".join(lines)
 
 
-def find_length_constants(model: torch.nn.Module, batch: dict, *, other_length: int | None = None,
-                          opset_version: int = 16) -> LengthReport:
+def find_length_constants(
+    model: torch.nn.Module, batch: dict, *, other_length: int | None = None, opset_version: int = 16
+) -> LengthReport:
     """Export ``model`` on ``batch`` and on ``batch`` cut to ``other_length`` (default: 2 shorter, or
     2 longer, repeating the last position, when the batch is 3 or shorter) and report what differs.
 
@@ -99,8 +102,10 @@ def find_length_constants(model: torch.nn.Module, batch: dict, *, other_length: 
     if other_length == length or other_length < 1:
         raise ValueError(f"other_length must be a positive length other than the batch's ({length})")
     caught: list[str] = []
-    graphs = [_export(model, _at_length(inputs, length, n), length=n, opset_version=opset_version, caught=caught)
-              for n in (length, other_length)]
+    graphs = [
+        _export(model, _at_length(inputs, length, n), length=n, opset_version=opset_version, caught=caught)
+        for n in (length, other_length)
+    ]
     report = _diff(*graphs)
     report.lengths = (length, other_length)
     report.tracer_warnings = list(dict.fromkeys(caught))
@@ -169,8 +174,10 @@ def _export(model, inputs: dict, *, length: int, opset_version: int, caught: lis
     import onnx
 
     names = list(inputs)
-    axes = {n: ({0: "batch", 1: "sequence"} if v.dim() >= 2 and v.shape[1] == length else {0: "batch"})
-            for n, v in inputs.items()}
+    axes = {
+        n: ({0: "batch", 1: "sequence"} if v.dim() >= 2 and v.shape[1] == length else {0: "batch"})
+        for n, v in inputs.items()
+    }
     wrapper = _Outputs(model, names)
     was_training = model.training
     model.train()
@@ -182,9 +189,19 @@ def _export(model, inputs: dict, *, length: int, opset_version: int, caught: lis
             out_names = [f"output_{i}" for i in range(len(outputs))]
             axes.update({n: {d: f"{n}_dim{d}" for d in range(o.dim())} for n, o in zip(out_names, outputs)})
             torch.onnx.export(
-                wrapper, tuple(inputs.values()), f, input_names=names, output_names=out_names, dynamic_axes=axes,
-                opset_version=opset_version, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                export_params=False, keep_initializers_as_inputs=True, verbose=True, dynamo=False,
+                wrapper,
+                tuple(inputs.values()),
+                f,
+                input_names=names,
+                output_names=out_names,
+                dynamic_axes=axes,
+                opset_version=opset_version,
+                training=torch.onnx.TrainingMode.TRAINING,
+                do_constant_folding=False,
+                export_params=False,
+                keep_initializers_as_inputs=True,
+                verbose=True,
+                dynamo=False,
             )
     finally:
         model.train(was_training)
@@ -217,8 +234,11 @@ def _diff(a, b) -> LengthReport:
                 if vx != vy:
                     reached = _reached(x, readers, through=_is_int_constant(x))
                     source = _source(x) or next((_source(n) for n in reached if _source(n)), None)
-                    report.nodes.append(LengthDependentNode(
-                        x.name, x.op_type, (vx, vy), sorted({f"{n.op_type} {n.name}" for n in reached}), source))
+                    report.nodes.append(
+                        LengthDependentNode(
+                            x.name, x.op_type, (vx, vy), sorted({f"{n.op_type} {n.name}" for n in reached}), source
+                        )
+                    )
             continue
         only_a = ", ".join(f"{n.op_type} {n.name}" for n in nodes_a[i1:i2]) or "nothing"
         only_b = ", ".join(f"{n.op_type} {n.name}" for n in nodes_b[j1:j2]) or "nothing"
@@ -230,7 +250,8 @@ def _is_int_constant(node) -> bool:
     from onnx import TensorProto
 
     return node.op_type == "Constant" and any(
-        a.name == "value" and a.t.data_type in (TensorProto.INT64, TensorProto.INT32) for a in node.attribute)
+        a.name == "value" and a.t.data_type in (TensorProto.INT64, TensorProto.INT32) for a in node.attribute
+    )
 
 
 def _reached(node, readers: dict, through: bool) -> list:

@@ -57,6 +57,5 @@ def check_requested_plans(requested: tuple[str, ...], found: list[MemoryPlan]) -
             close = difflib.get_close_matches(missing[0], sorted(known), n=1)
             hint = f" Did you mean '{close[0]}:-1'?" if close else ""
             raise ValueError(
-                f"ORTOptions.memory_opt_plans: ORT found no plan '{plan}' in this model.{hint} "
-                f"Valid plans: {valid}."
+                f"ORTOptions.memory_opt_plans: ORT found no plan '{plan}' in this model.{hint} Valid plans: {valid}."
             )

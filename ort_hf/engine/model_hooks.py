@@ -116,8 +116,7 @@ def _bridge_export_cache() -> None:
 
     from .export_cache import cached_export
 
-    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs),
-           static=True)
+    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs), static=True)
 
 
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
@@ -150,8 +149,11 @@ def _bridge_output_schema_pass() -> None:
                     with _without_density_hooks(module):
                         return _structure_pass(original, module, sample, logger, clone_module)
                 except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
-                    logger.info("ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole "
-                                "batch.", SCHEMA_PASS_ROWS, exc)
+                    logger.info(
+                        "ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole batch.",
+                        SCHEMA_PASS_ROWS,
+                        exc,
+                    )
             return _structure_pass(original, module, flatten_args, logger, clone_module)
 
         return parse_outputs

@@ -50,6 +50,7 @@ USE_TRITON_REFUSED = (
     "requires, and ORT's CPU build ignores it. Leave it off: ORT runs those ops with its own CUDA kernels."
 )
 
+
 @dataclass(frozen=True)
 class ORTOptions:
     """Typed options for one model trained through ORTModule; each field's ``help`` (its
@@ -57,89 +58,157 @@ class ORTOptions:
     Invalid values are rejected when the options are built, with a message naming the field.
     """
 
-    log_level: str = _opt("WARNING", "ORTModule's log level (VERBOSE .. FATAL). WARNING prints ORT's warnings, "
-                                     "including why it falls back.",
-                          choices=("VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL"))
-    fallback: str = _opt("auto", "'auto': fall back to PyTorch (reason logged once) when ORT cannot export or run "
-                                 "the model; 'disable': raise ORTFallbackError naming the unsupported op.",
-                         choices=("auto", "disable"))
+    log_level: str = _opt(
+        "WARNING",
+        "ORTModule's log level (VERBOSE .. FATAL). WARNING prints ORT's warnings, including why it falls back.",
+        choices=("VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL"),
+    )
+    fallback: str = _opt(
+        "auto",
+        "'auto': fall back to PyTorch (reason logged once) when ORT cannot export or run "
+        "the model; 'disable': raise ORTFallbackError naming the unsupported op.",
+        choices=("auto", "disable"),
+    )
     # From opset 17 ``LayerNormalization`` is the standard ONNX op, which ORT 1.19's compute
     # optimizer does not move the labels' gather or the token flattening through; at 16 it is
     # ORT's own op and the gather reaches into the last layer (symbolics, ``aten::gelu``).
     # 14-20: where ORT 1.19's gradient builders and torch's TorchScript exporter overlap.
-    opset_version: int = _opt(16, "ONNX opset of ORT's training export (14-20); 16 lets label sparsity reach into "
-                                  "the last layer.", choices=tuple(range(14, 21)))
+    opset_version: int = _opt(
+        16,
+        "ONNX opset of ORT's training export (14-20); 16 lets label sparsity reach into the last layer.",
+        choices=tuple(range(14, 21)),
+    )
     save_onnx: bool = _opt(False, "Write the exported and optimised ONNX graphs to --ort_onnx_dir.")
     onnx_dir: str | None = _opt(None, "Folder for --ort_save_onnx (default: the current directory).")
-    profile_dir: str | None = _opt(None, "Write ONNX Runtime's per-node profile of the training session into this "
-                                         "folder when training ends (a Chrome-trace JSON: every kernel's time at "
-                                         "every step). Slows training; for finding where a step's time goes.")
+    profile_dir: str | None = _opt(
+        None,
+        "Write ONNX Runtime's per-node profile of the training session into this "
+        "folder when training ends (a Chrome-trace JSON: every kernel's time at "
+        "every step). Slows training; for finding where a step's time goes.",
+    )
     enable_compute_optimizer: bool = _opt(True, "ORT's FLOP-reduction graph passes.")
-    enable_label_sparsity: bool = _opt(True, "Compute the loss only on non-ignored labels (needs the loss through "
-                                             "an nn.CrossEntropyLoss module: ModuleWithLoss).")
-    enable_embedding_sparsity: bool = _opt(True, "ORT's padding elimination from embedding inputs (CUDA only in "
-                                                 "ORT 1.19).")
-    memory_opt_level: int = _opt(0, "Recompute: 0 off (or --ort_memory_opt_plans), 1 transformer layer-wise, 2 "
-                                    "layer-wise plus compromised plans.", choices=(0, 1, 2))
-    memory_opt_plans: tuple[str, ...] = _opt(factory=tuple, help="Recompute plans as ORT prints them, "
-                                                                 "'cluster:strategy:count' (e.g. BiasGelu+:1:-1).")
-    export_cache_dir: str | None = _opt(None, "Cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR; "
-                                              "private to you, checked: see docs/security.md).")
-    export_cache_shared: bool = _opt(False, "The export cache is shared with a group on purpose: accept group "
-                                            "ownership and group write below it (every graph is still checked "
-                                            "against its hash).")
-    deepcopy_before_export: bool = _opt(True, "Run the export's output-structure pass on a copy of the model's "
-                                              "buffers and Python attributes, so it does not change them (the "
-                                              "weights are shared, not copied).")
-    enable_custom_autograd: bool = _opt(True, "Run torch.autograd.Function as ORT PythonOp (needed by label "
-                                              "sparsity detection and memory-efficient gradients).")
+    enable_label_sparsity: bool = _opt(
+        True,
+        "Compute the loss only on non-ignored labels (needs the loss through "
+        "an nn.CrossEntropyLoss module: ModuleWithLoss).",
+    )
+    enable_embedding_sparsity: bool = _opt(
+        True, "ORT's padding elimination from embedding inputs (CUDA only in ORT 1.19)."
+    )
+    memory_opt_level: int = _opt(
+        0,
+        "Recompute: 0 off (or --ort_memory_opt_plans), 1 transformer layer-wise, 2 layer-wise plus compromised plans.",
+        choices=(0, 1, 2),
+    )
+    memory_opt_plans: tuple[str, ...] = _opt(
+        factory=tuple, help="Recompute plans as ORT prints them, 'cluster:strategy:count' (e.g. BiasGelu+:1:-1)."
+    )
+    export_cache_dir: str | None = _opt(
+        None,
+        "Cache exported ONNX graphs here between runs (ORTMODULE_CACHE_DIR; "
+        "private to you, checked: see docs/security.md).",
+    )
+    export_cache_shared: bool = _opt(
+        False,
+        "The export cache is shared with a group on purpose: accept group "
+        "ownership and group write below it (every graph is still checked "
+        "against its hash).",
+    )
+    deepcopy_before_export: bool = _opt(
+        True,
+        "Run the export's output-structure pass on a copy of the model's "
+        "buffers and Python attributes, so it does not change them (the "
+        "weights are shared, not copied).",
+    )
+    enable_custom_autograd: bool = _opt(
+        True,
+        "Run torch.autograd.Function as ORT PythonOp (needed by label "
+        "sparsity detection and memory-efficient gradients).",
+    )
     mem_efficient_grad_mgmt: bool = _opt(False, "Hand each gradient to PyTorch as soon as ORT computes it.")
-    use_triton: bool = _opt(False, "Refused when on (see USE_TRITON_REFUSED): ORT's Triton code generator does not "
-                                   "work with the Triton torch 2.13 installs, and ORT's CPU build ignores it.")
+    use_triton: bool = _opt(
+        False,
+        "Refused when on (see USE_TRITON_REFUSED): ORT's Triton code generator does not "
+        "work with the Triton torch 2.13 installs, and ORT's CPU build ignores it.",
+    )
     # ORT registers this optimiser process-wide and reads its variable only at import
     # (ortmodule_build._enable_efficient_attention): once a model asked for it, later CUDA models
     # get it too.
-    use_efficient_attention: bool = _opt(False, "CUDA only: replace the attention subgraph by PyTorch's "
-                                                "memory-efficient attention kernels (process-wide once enabled).")
+    use_efficient_attention: bool = _opt(
+        False,
+        "CUDA only: replace the attention subgraph by PyTorch's "
+        "memory-efficient attention kernels (process-wide once enabled).",
+    )
     eval_in_ort: bool = _opt(False, "Evaluate and predict through ORT's inference mode instead of PyTorch.")
-    trim_padding: bool | None = _opt(None, "Drop trailing all-padding columns of each training batch before ORT "
-                                           "(results unchanged: masked out, no labels). Default: on for CPU, off on "
-                                           "CUDA (ORT's padding elimination).")
-    eliminate_padding: bool | None = _opt(None, "Run the token-wise layers on the real tokens only, as ORT's CUDA-only "
-                                                "padding elimination does. Default: on for CPU when the batch that "
-                                                "builds the graph gains from it (docs/how-it-works.md). CPU only: on "
-                                                "CUDA ORT's own runs instead, and True is refused.")
-    enable_mem_reuse: bool | None = _opt(None, "Let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes "
-                                               "it off). Default: on when recompute is on, which is what makes "
-                                               "recompute lower the peak.")
-    intra_op_threads: int | None = _opt(None, "Threads of ORT's intra-op pool. Default: ORT's own (one per physical "
-                                              "core), independent of torch.set_num_threads / OMP_NUM_THREADS.")
+    trim_padding: bool | None = _opt(
+        None,
+        "Drop trailing all-padding columns of each training batch before ORT "
+        "(results unchanged: masked out, no labels). Default: on for CPU, off on "
+        "CUDA (ORT's padding elimination).",
+    )
+    eliminate_padding: bool | None = _opt(
+        None,
+        "Run the token-wise layers on the real tokens only, as ORT's CUDA-only "
+        "padding elimination does. Default: on for CPU when the batch that "
+        "builds the graph gains from it (docs/how-it-works.md). CPU only: on "
+        "CUDA ORT's own runs instead, and True is refused.",
+    )
+    enable_mem_reuse: bool | None = _opt(
+        None,
+        "Let ORT's session reuse activation buffers (ORT 1.19.2 hard-codes "
+        "it off). Default: on when recompute is on, which is what makes "
+        "recompute lower the peak.",
+    )
+    intra_op_threads: int | None = _opt(
+        None,
+        "Threads of ORT's intra-op pool. Default: ORT's own (one per physical "
+        "core), independent of torch.set_num_threads / OMP_NUM_THREADS.",
+    )
     # Spinning pool threads hold the cores that the kernels ORT hands to PyTorch (its ATen nodes:
     # embeddings and their gradients) need; each such kernel then waits for the scheduler.
-    intra_op_spinning: bool | None = _opt(None, "Let ORT's idle pool threads spin between kernels. Default: off on "
-                                                "CPU, ORT's default (on) on CUDA.")
-    cpu_dropout_kernels: bool = _opt(True, "CPU: run the graph's dropout and its gradient on ort_hf's kernels "
-                                           "(threaded, counter-based masks seeded per step) instead of ORT's serial "
-                                           "ones; same contract (engine/cpu_kernel_swaps.py). False keeps ORT's, "
-                                           "as does recompute (ORT recomputes only its own).")
-    cpu_embedding_grad_kernel: bool = _opt(True, "CPU: compute the gradient of an embedding lookup into a weight on "
-                                                 "ort_hf's kernel, which reuses its vocabulary-sized buffer instead of "
-                                                 "allocating it every step; same sums (engine/cpu_kernel_swaps.py).")
-    cpu_gelu_grad_swap: bool = _opt(True, "CPU: run ORT's BiasGeluGrad_dX (exact-erf GELU's gradient) as PyTorch's "
-                                          "vectorised gelu_backward (engine/cpu_kernel_swaps.py).")
-    cpu_cross_entropy_swap: bool = _opt(True, "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "
-                                              "NegativeLogLikelihoodLoss (threaded) instead of ORT's serial "
-                                              "SoftmaxCrossEntropyLossInternal; same loss (engine/cpu_kernel_swaps.py).")
-    preflight: str = _opt("auto", "Before the first optimizer step, check ORT's graph against PyTorch on the first batch and "
-                                  "on a longer copy of it (dropout off, a separate session): same loss and gradients, "
-                                  "or the model is refused before training. 'auto': for every model class the "
-                                  "architecture sweep has not proven exact (docs/architectures.md); 'always'; 'never'.",
-                          choices=("auto", "always", "never"))
+    intra_op_spinning: bool | None = _opt(
+        None, "Let ORT's idle pool threads spin between kernels. Default: off on CPU, ORT's default (on) on CUDA."
+    )
+    cpu_dropout_kernels: bool = _opt(
+        True,
+        "CPU: run the graph's dropout and its gradient on ort_hf's kernels "
+        "(threaded, counter-based masks seeded per step) instead of ORT's serial "
+        "ones; same contract (engine/cpu_kernel_swaps.py). False keeps ORT's, "
+        "as does recompute (ORT recomputes only its own).",
+    )
+    cpu_embedding_grad_kernel: bool = _opt(
+        True,
+        "CPU: compute the gradient of an embedding lookup into a weight on "
+        "ort_hf's kernel, which reuses its vocabulary-sized buffer instead of "
+        "allocating it every step; same sums (engine/cpu_kernel_swaps.py).",
+    )
+    cpu_gelu_grad_swap: bool = _opt(
+        True,
+        "CPU: run ORT's BiasGeluGrad_dX (exact-erf GELU's gradient) as PyTorch's "
+        "vectorised gelu_backward (engine/cpu_kernel_swaps.py).",
+    )
+    cpu_cross_entropy_swap: bool = _opt(
+        True,
+        "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "
+        "NegativeLogLikelihoodLoss (threaded) instead of ORT's serial "
+        "SoftmaxCrossEntropyLossInternal; same loss (engine/cpu_kernel_swaps.py).",
+    )
+    preflight: str = _opt(
+        "auto",
+        "Before the first optimizer step, check ORT's graph against PyTorch on the first batch and "
+        "on a longer copy of it (dropout off, a separate session): same loss and gradients, "
+        "or the model is refused before training. 'auto': for every model class the "
+        "architecture sweep has not proven exact (docs/architectures.md); 'always'; 'never'.",
+        choices=("auto", "always", "never"),
+    )
     # Why one thread by default: model_hooks._bridge_torch_threads_in_graph.
-    torch_threads_in_graph: int | None = _opt(None, "PyTorch's intra-op threads while ORT runs the training graph. "
-                                                    "Default: 1 on CPU, unchanged on CUDA; 0 leaves "
-                                                    "torch.set_num_threads as it is (custom autograd functions with "
-                                                    "heavy CPU work); n sets n.")
+    torch_threads_in_graph: int | None = _opt(
+        None,
+        "PyTorch's intra-op threads while ORT runs the training graph. "
+        "Default: 1 on CPU, unchanged on CUDA; 0 leaves "
+        "torch.set_num_threads as it is (custom autograd functions with "
+        "heavy CPU work); n sets n.",
+    )
 
     def __post_init__(self) -> None:
         check_choices(self, ORTOptions, lambda name: f"ORTOptions.{name}")
@@ -149,10 +218,15 @@ class ORTOptions:
                 raise ValueError(f"ORTOptions.{f.name} must be True or False, got {value!r}.")
             if f.type == "bool | None" and value is not None and not isinstance(value, bool):
                 raise ValueError(f"ORTOptions.{f.name} must be True, False or None (auto), got {value!r}.")
-        _check_optional_int("intra_op_threads", self.intra_op_threads, 1,
-                            "a positive integer or None (ORT's default: one per core)")
-        _check_optional_int("torch_threads_in_graph", self.torch_threads_in_graph, 0,
-                            "None (auto: 1 on CPU), 0 (leave PyTorch's setting) or a positive integer")
+        _check_optional_int(
+            "intra_op_threads", self.intra_op_threads, 1, "a positive integer or None (ORT's default: one per core)"
+        )
+        _check_optional_int(
+            "torch_threads_in_graph",
+            self.torch_threads_in_graph,
+            0,
+            "None (auto: 1 on CPU), 0 (leave PyTorch's setting) or a positive integer",
+        )
         if isinstance(self.memory_opt_plans, str):
             raise ValueError("ORTOptions.memory_opt_plans must be a list of plan strings, not one string.")
         object.__setattr__(self, "memory_opt_plans", tuple(self.memory_opt_plans))
@@ -222,8 +296,11 @@ def environment_for(options: ORTOptions) -> dict[str, str]:
 def overridden_by_options(env: dict[str, str], environ=os.environ) -> list[tuple[str, str, str]]:
     """The user's exported ``ORTMODULE_*`` variables that ``env`` (the options') sets otherwise:
     ``(name, user's value, ours)``. Variables ``env`` does not set reach ORT as they are."""
-    return [(k, environ[k], v) for k, v in env.items() if k in environ and environ[k] != v
-            and k != "ORTMODULE_MEMORY_OPT_CONFIG"]
+    return [
+        (k, environ[k], v)
+        for k, v in env.items()
+        if k in environ and environ[k] != v and k != "ORTMODULE_MEMORY_OPT_CONFIG"
+    ]
 
 
 def _write_plan_config(plans: tuple[str, ...]) -> str:

@@ -35,8 +35,14 @@ def build_ort_module(model: nn.Module, options: ORTOptions, state: EngineState) 
     for name, theirs, ours in overridden_by_options(env):
         if (name, theirs, ours) not in _WARNED_ENV:
             _WARNED_ENV.add((name, theirs, ours))
-            logger.warning("ort_hf: %s=%s in the environment is overridden by ORTOptions (%s=%s, the "
-                           "--ort_* arguments): set the option instead.", name, theirs, name, ours)
+            logger.warning(
+                "ort_hf: %s=%s in the environment is overridden by ORTOptions (%s=%s, the "
+                "--ort_* arguments): set the option instead.",
+                name,
+                theirs,
+                name,
+                ours,
+            )
     if options.use_efficient_attention:
         _enable_efficient_attention()
     plan_file = env.get("ORTMODULE_MEMORY_OPT_CONFIG")  # a temp file ORT re-reads at every session build

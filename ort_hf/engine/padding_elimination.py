@@ -27,12 +27,50 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 _UNARY = {
-    "Cast", "Relu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Reciprocal", "Neg", "Exp", "Log", "Abs", "Identity",
-    "Softplus", "Gelu", "FastGelu", "QuickGelu", "IsNaN", "IsInf", "Not", "Sign", "Floor", "Ceil", "Round",
+    "Cast",
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+    "Erf",
+    "Sqrt",
+    "Reciprocal",
+    "Neg",
+    "Exp",
+    "Log",
+    "Abs",
+    "Identity",
+    "Softplus",
+    "Gelu",
+    "FastGelu",
+    "QuickGelu",
+    "IsNaN",
+    "IsInf",
+    "Not",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
 }
 _ELEMENTWISE = _UNARY | {
-    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Greater", "Less", "GreaterOrEqual",
-    "LessOrEqual", "And", "Or", "Clip", "BiasGelu", "Dropout", "BiasDropout",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Where",
+    "Max",
+    "Min",
+    "Equal",
+    "Greater",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+    "And",
+    "Or",
+    "Clip",
+    "BiasGelu",
+    "Dropout",
+    "BiasDropout",
 }
 _LAST_AXIS = {"LayerNormalization", "SimplifiedLayerNormalization", "Softmax", "LogSoftmax"}
 _REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare"}
@@ -107,16 +145,21 @@ class _Graph:
         self.dims: dict[str, list] = {}  # the exporter's symbolic dims, which name the tokens' B and S
         for v in [*inferred.graph.input, *model.graph.value_info, *inferred.graph.value_info, *inferred.graph.output]:
             if v.type.tensor_type.HasField("shape"):
-                dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
-                        for d in v.type.tensor_type.shape.dim]
+                dims = [
+                    d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
+                    for d in v.type.tensor_type.shape.dim
+                ]
                 self.rank[v.name] = len(dims)
                 self.dims.setdefault(v.name, dims)
             self.elem.setdefault(v.name, v.type.tensor_type.elem_type)
         self.tokens = self.dims[ids][:2]
         for init in model.graph.initializer:
             self.rank[init.name] = len(init.dims)
-        self.constants = {n.output[0]: numpy_helper.to_array(_attr(n, "value"))
-                          for n in model.graph.node if n.op_type == "Constant" and _attr(n, "value") is not None}
+        self.constants = {
+            n.output[0]: numpy_helper.to_array(_attr(n, "value"))
+            for n in model.graph.node
+            if n.op_type == "Constant" and _attr(n, "value") is not None
+        }
         self.region: dict[str, int] = {}  # tensor -> its rank before unpadding (3: [B, S, H] -> [N, H])
         self.padded: set[str] = set()
         self.typed: dict[str, int] = {}
@@ -138,7 +181,9 @@ class _Graph:
         self.producer: dict[str, onnx.NodeProto] = {}
         g = _PREFIX
         self.nodes += [
-            helper.make_node("Constant", [], [g + "minus1"], value=helper.make_tensor("", TensorProto.INT64, [1], [-1])),
+            helper.make_node(
+                "Constant", [], [g + "minus1"], value=helper.make_tensor("", TensorProto.INT64, [1], [-1])
+            ),
             helper.make_node("Constant", [], [g + "one"], value=helper.make_tensor("", TensorProto.INT64, [], [1])),
             helper.make_node("Constant", [], [g + "zero"], value=helper.make_tensor("", TensorProto.INT64, [], [0])),
             helper.make_node("Reshape", [mask, g + "minus1"], [g + "flat_mask"]),
@@ -150,9 +195,12 @@ class _Graph:
             helper.make_node("Sub", [g + "cumsum", g + "one"], [g + "row"]),
             helper.make_node("Max", [g + "row", g + "zero"], [g + "inv"]),  # [B*S] -> a real row
             helper.make_node("Shape", [mask], [g + "bs"]),  # [B, S]
-            helper.make_node("Constant", [], [g + "no_padding_idx"],
-                             value=helper.make_tensor("", TensorProto.INT64, [], [-1])),
-            helper.make_node("Constant", [], [g + "false"], value=helper.make_tensor("", TensorProto.BOOL, [], [False])),
+            helper.make_node(
+                "Constant", [], [g + "no_padding_idx"], value=helper.make_tensor("", TensorProto.INT64, [], [-1])
+            ),
+            helper.make_node(
+                "Constant", [], [g + "false"], value=helper.make_tensor("", TensorProto.BOOL, [], [False])
+            ),
         ]
 
     def aligned(self, tensor: str, exact: bool = False) -> bool:
@@ -170,9 +218,15 @@ class _Graph:
         ``GatherGrad`` is serial and, measured on MiniLM, cost more than the rows saved."""
         if dtype in _FLOATS:
             self.typed[out] = dtype  # ORT cannot infer an ATen output's type
-            self.nodes.append(helper.make_node(
-                "ATen", [data, index, _PREFIX + "no_padding_idx", _PREFIX + "false", _PREFIX + "false"], [out],
-                domain="org.pytorch.aten", operator="embedding"))
+            self.nodes.append(
+                helper.make_node(
+                    "ATen",
+                    [data, index, _PREFIX + "no_padding_idx", _PREFIX + "false", _PREFIX + "false"],
+                    [out],
+                    domain="org.pytorch.aten",
+                    operator="embedding",
+                )
+            )
         else:
             self.nodes.append(helper.make_node("Gather", [data, index], [out], axis=0))
 
@@ -213,8 +267,10 @@ class _Graph:
         self.nodes.append(helper.make_node("Shape", [tensor], [trail], start=2))
         if not self.aligned(tensor, exact=True):
             full, src = self.name("full"), self.name("expanded")
-            self.nodes += [helper.make_node("Concat", [_PREFIX + "bs", trail], [full], axis=0),
-                           helper.make_node("Expand", [tensor, full], [src])]
+            self.nodes += [
+                helper.make_node("Concat", [_PREFIX + "bs", trail], [full], axis=0),
+                helper.make_node("Expand", [tensor, full], [src]),
+            ]
         self.nodes += [
             helper.make_node("Concat", [_PREFIX + "minus1", trail], [flat_shape], axis=0),
             helper.make_node("Reshape", [src, flat_shape], [flat]),
@@ -344,8 +400,10 @@ def eliminate_padding(model: onnx.ModelProto, ids: str = "input_ids", mask: str 
             continue
         if node.op_type == "Shape" and node.input[0] in g.region and not node.attribute:
             trail = g.name("trail")
-            g.nodes += [helper.make_node("Shape", [g.unpadded_name(node.input[0])], [trail], start=1),
-                        helper.make_node("Concat", [_PREFIX + "bs", trail], [node.output[0]], axis=0)]
+            g.nodes += [
+                helper.make_node("Shape", [g.unpadded_name(node.input[0])], [trail], start=1),
+                helper.make_node("Concat", [_PREFIX + "bs", trail], [node.output[0]], axis=0),
+            ]
             continue
         accepted = _token_wise(g, node)
         if accepted is not None:

@@ -25,13 +25,17 @@ def model_device_type(module: nn.Module) -> str:
     over several device types (``device_map``, CPU offload) is refused: one ORT session runs on one."""
     kinds = _kind(t.device for t in (*module.parameters(), *module.buffers()))
     if len(kinds) > 1:
-        raise ValueError(f"ort_hf: {type(module).__name__} has parameters on {' and '.join(sorted(kinds))}; ORT runs "
-                         "one graph on one device. Move the whole model with .to(device) before training "
-                         "(no device_map or offload with --use_ort).")
+        raise ValueError(
+            f"ort_hf: {type(module).__name__} has parameters on {' and '.join(sorted(kinds))}; ORT runs "
+            "one graph on one device. Move the whole model with .to(device) before training "
+            "(no device_map or offload with --use_ort)."
+        )
     kind = kinds.pop() if kinds else "cpu"
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"ort_hf: {type(module).__name__} is on {kind}; ORT trains on cpu or cuda only. Move it "
-                         "with .to('cpu') or .to('cuda'), or pass --use_ort false.")
+        raise ValueError(
+            f"ort_hf: {type(module).__name__} is on {kind}; ORT trains on cpu or cuda only. Move it "
+            "with .to('cpu') or .to('cuda'), or pass --use_ort false."
+        )
     return kind
 
 

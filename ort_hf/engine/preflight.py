@@ -102,9 +102,11 @@ def _restart(module: nn.Module, start) -> None:
 def _baked_length(what: str, exc: Exception) -> str:
     from .failures import describe_failure
 
-    return (f"pre-flight: ORT's graph, exported on the first batch, fails on {what}: a size of the first batch "
-            f"is baked into it as a constant, so a batch of another length would crash or train wrongly "
-            f"({describe_failure(exc)})")
+    return (
+        f"pre-flight: ORT's graph, exported on the first batch, fails on {what}: a size of the first batch "
+        f"is baked into it as a constant, so a batch of another length would crash or train wrongly "
+        f"({describe_failure(exc)})"
+    )
 
 
 def _one_pass(net, args, batch, params, mask, reference=True) -> _Pass | None:
@@ -123,14 +125,20 @@ def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
     from .proven import model_class_name
 
     name = model_class_name(module)
-    wrong = ("ORT's graph computes something else" if what == _FIRST else
-             "the graph exported on the first batch holds a size of it as a constant and is wrong at another length")
+    wrong = (
+        "ORT's graph computes something else"
+        if what == _FIRST
+        else "the graph exported on the first batch holds a size of it as a constant and is wrong at another length"
+    )
     if math.isfinite(ref.objective) and not math.isfinite(got.objective):
-        raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective} where PyTorch's "
-                                f"is {ref.objective:.6g}")
+        raise PreflightMismatch(
+            f"pre-flight: on {what}, ORT's loss of {name} is {got.objective} where PyTorch's is {ref.objective:.6g}"
+        )
     if abs(ref.objective - got.objective) > LOSS_ATOL + LOSS_RTOL * abs(ref.objective):
-        raise PreflightMismatch(f"pre-flight: on {what}, ORT's loss of {name} is {got.objective:.6g} where "
-                                f"PyTorch's is {ref.objective:.6g}: {wrong}")
+        raise PreflightMismatch(
+            f"pre-flight: on {what}, ORT's loss of {name} is {got.objective:.6g} where "
+            f"PyTorch's is {ref.objective:.6g}: {wrong}"
+        )
     diff = total = 0.0
     for p, r, g in zip(params, ref.grads, got.grads):
         r = torch.zeros_like(p) if r is None else r
@@ -139,8 +147,9 @@ def _compare(what: str, ref: _Pass, got: _Pass, params, module) -> float:
         total += float(r.double().pow(2).sum())
     error = math.sqrt(diff / total) if total > 0 else math.sqrt(diff)
     if not math.isfinite(error) or error > GRAD_RTOL:
-        raise PreflightMismatch(f"pre-flight: on {what}, ORT's gradients of {name} are {error:.2g} (relative) "
-                                f"from PyTorch's: {wrong}")
+        raise PreflightMismatch(
+            f"pre-flight: on {what}, ORT's gradients of {name} are {error:.2g} (relative) from PyTorch's: {wrong}"
+        )
     return error
 
 
@@ -192,13 +201,13 @@ def _other_length(module: nn.Module, kwargs: dict):
     grow = max(_GROW_MIN, int(length * _GROW_FRACTION))
     limit = _max_positions(module)
     if limit is None or length + grow <= limit:
-        return f"a copy {grow} columns longer", {k: _grow(k, v, batch, length, grow)
-                                                  for k, v in kwargs.items()}
+        return f"a copy {grow} columns longer", {k: _grow(k, v, batch, length, grow) for k, v in kwargs.items()}
     cut = length - max(1, length // 4)
     if cut < 2:
         return None
-    return f"a copy cut to {cut} columns", {k: (v[:, :cut] if _tokenwise(v, batch, length) else v)
-                                           for k, v in kwargs.items()}
+    return f"a copy cut to {cut} columns", {
+        k: (v[:, :cut] if _tokenwise(v, batch, length) else v) for k, v in kwargs.items()
+    }
 
 
 def _other_rows(what: str, batch: dict, first: dict):
@@ -256,13 +265,20 @@ def refuse_layer_drop(module: nn.Module) -> None:
     """Raise when ``module`` skips layers at random in training (LayerDrop: ``if rand < layerdrop:
     continue`` in Python, which transformers' M2M100, NLLB, Wav2Vec2... read from their config):
     ORT traces forward once, so its graph would keep or skip the same layers at every step."""
-    active = sorted({key for owner in _settings_owners(module) for key, value in vars(owner).items()
-                     if isinstance(value, float) and value > 0 and ("layerdrop" in key or "layer_drop" in key)})
+    active = sorted(
+        {
+            key
+            for owner in _settings_owners(module)
+            for key, value in vars(owner).items()
+            if isinstance(value, float) and value > 0 and ("layerdrop" in key or "layer_drop" in key)
+        }
+    )
     if active:
         raise NotImplementedError(
             f"LayerDrop is on ({', '.join(active)} > 0): it skips layers at random in Python, and ORT traces forward "
             "once, so its graph would skip the same layers at every step. Set them to 0 in the model's config "
-            "(e.g. model.config.encoder_layerdrop = 0.0 before building the model), or train with --use_ort false")
+            "(e.g. model.config.encoder_layerdrop = 0.0 before building the model), or train with --use_ort false"
+        )
 
 
 @contextlib.contextmanager

@@ -76,8 +76,10 @@ def ensure_engine() -> EngineState:
                 extensions.require(name)  # raises the build's own error
         own = statuses.get("ort_hf_cpu_kernels")
         if own is not None and not own.loaded:
-            warnings.warn(f"ort_hf: its CPU dropout kernels did not build, so ORT's slower serial ones run: {own.error}",
-                          stacklevel=3)
+            warnings.warn(
+                f"ort_hf: its CPU dropout kernels did not build, so ORT's slower serial ones run: {own.error}",
+                stacklevel=3,
+            )
         pythonop = statuses["torch_interop_utils"].loaded
         if not pythonop:
             warnings.warn(
@@ -110,7 +112,9 @@ def _import_ortmodule(compat):
             import onnxruntime.training.ortmodule as ortmodule
             import onnxruntime.training.utils.hooks  # noqa: F401 - imported at first export otherwise (DeepSpeed)
     except ImportError as exc:
-        raise EngineUnavailableError(f"onnxruntime.training.ortmodule failed to import ({exc}). {INSTALL_HINT}") from exc
+        raise EngineUnavailableError(
+            f"onnxruntime.training.ortmodule failed to import ({exc}). {INSTALL_HINT}"
+        ) from exc
     return ortmodule
 
 

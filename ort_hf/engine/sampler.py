@@ -23,8 +23,15 @@ class LoadBalancingBatchSampler(BatchRebalanceSampler):
     """Adapts ORT's batch sampler to the Trainer's contract for rank-aware batch samplers
     (``BatchRebalanceSampler`` instances are passed as ``batch_sampler`` and not re-sharded)."""
 
-    def __init__(self, dataset, batch_size: int, world_size: int, rank: int, seed: int,
-                 complexity_fn: Callable[[dict], int] = token_count):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        world_size: int,
+        rank: int,
+        seed: int,
+        complexity_fn: Callable[[dict], int] = token_count,
+    ):
         from .runtime import ensure_engine
 
         ensure_engine()

@@ -49,8 +49,11 @@ class TrainingSessionInspection:
             spinning = options.get_session_config_entry("session.intra_op.allow_spinning")
         except RuntimeError:  # not set: ORT's default, spinning
             spinning = "1"
-        return {"threads": options.intra_op_num_threads, "spinning": spinning != "0",
-                "torch_threads": getattr(agent, AGENT_TORCH_THREADS, None)}
+        return {
+            "threads": options.intra_op_num_threads,
+            "spinning": spinning != "0",
+            "torch_threads": getattr(agent, AGENT_TORCH_THREADS, None),
+        }
 
     def end_profiling(self) -> str | None:
         """With ``ORTOptions.profile_dir``: end the training session's profiling and return the
@@ -84,4 +87,6 @@ class TrainingSessionInspection:
         graph = self.training_graph()
         if graph is None:
             return None
-        return any(node.op_type == "PythonOp" and node.name.startswith("weight_retrieval_") for node in graph.graph.node)
+        return any(
+            node.op_type == "PythonOp" and node.name.startswith("weight_retrieval_") for node in graph.graph.node
+        )

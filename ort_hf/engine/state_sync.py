@@ -44,21 +44,27 @@ class StateWatch:
         return [name for name, version in now.items() if self.versions.get(name) != version]
 
     def report_python_state(self) -> None:
-        changed = [f"{path or type(self.module).__name__}.{key}"
-                   for (path, key), value in python_attributes(self.module).items()
-                   if (path, key) in self.attributes and self.attributes[(path, key)] != value]
-        written = [name for name, p in self.module.named_parameters()
-                   if self.parameter_versions.get(name) != p._version]
+        changed = [
+            f"{path or type(self.module).__name__}.{key}"
+            for (path, key), value in python_attributes(self.module).items()
+            if (path, key) in self.attributes and self.attributes[(path, key)] != value
+        ]
+        written = [
+            name for name, p in self.module.named_parameters() if self.parameter_versions.get(name) != p._version
+        ]
         if written:
             logger.warning(
                 "ort_hf: forward writes parameters in place (%s). Under ORT the model's Python code runs only while "
                 "it is exported, so they are not written during training: train such a model with --use_ort false.",
-                ", ".join(written))
+                ", ".join(written),
+            )
         if changed:
             logger.warning(
                 "ort_hf: forward changes Python attributes (%s). Under ORT the model's Python code runs only "
                 "while it is exported, so they do not change during training. Keep such state in a buffer "
-                "(register_buffer), which ORT carries, or train with --use_ort false.", ", ".join(changed))
+                "(register_buffer), which ORT carries, or train with --use_ort false.",
+                ", ".join(changed),
+            )
 
     def restore(self) -> None:
         restore_buffers(self.module, self.values)
@@ -78,7 +84,10 @@ class StatefulForward(nn.Module):
         # BatchNorm buffers are updated from batch statistics, not carried through the graph.
         self.buffer_names = [n for n in written if n.rpartition(".")[0] not in norms]
         self._tracked = set(self.buffer_names) | {
-            f"{path}.{attr}" if path else attr for path, m in norms.items() for attr, _ in m.named_buffers(recurse=False)}
+            f"{path}.{attr}" if path else attr
+            for path, m in norms.items()
+            for attr, _ in m.named_buffers(recurse=False)
+        }
         self._stats: list[torch.Tensor] | None = None
         self._called: list[_BatchNorm] = []
         self.batchnorm_calls: list[_BatchNorm] = []  # in the order the exported graph calls them
@@ -116,8 +125,11 @@ class StatefulForward(nn.Module):
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The buffers this wrapper updates, to undo what a re-export's Python forward wrote."""
-        return {name: buf.detach().clone() for name, buf in self.module.named_buffers()
-                if name in self._tracked and buf is not None}
+        return {
+            name: buf.detach().clone()
+            for name, buf in self.module.named_buffers()
+            if name in self._tracked and buf is not None
+        }
 
     @torch.no_grad()
     def apply(self, written: tuple, stats: tuple) -> None:

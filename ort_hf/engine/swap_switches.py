@@ -4,8 +4,12 @@ of bounds or fail where torch computes) have none: without them the graph is wro
 
 from __future__ import annotations
 
-SWITCHES = {"cross_entropy": "cpu_cross_entropy_swap", "gelu_grad": "cpu_gelu_grad_swap",
-            "dropout": "cpu_dropout_kernels", "embedding_grad": "cpu_embedding_grad_kernel"}
+SWITCHES = {
+    "cross_entropy": "cpu_cross_entropy_swap",
+    "gelu_grad": "cpu_gelu_grad_swap",
+    "dropout": "cpu_dropout_kernels",
+    "embedding_grad": "cpu_embedding_grad_kernel",
+}
 CORRECTIONS = frozenset({"conv_grad", "gemm"})
 ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
 

@@ -82,8 +82,10 @@ def untrusted_reason(folder: Path, shared_below: Path | None = None) -> str | No
         writable_by_others = mode & (stat.S_IWOTH if shared else stat.S_IWGRP | stat.S_IWOTH)
         sticky_root_dir = info.st_uid == 0 and mode & stat.S_ISVTX
         if not owner_ok or (writable_by_others and not sticky_root_dir):
-            return (f"{directory} is owned by uid {info.st_uid} with mode {mode:o}: only its owner (uid {uid}) or "
-                    f"root may own it, and no one else may write to it")
+            return (
+                f"{directory} is owned by uid {info.st_uid} with mode {mode:o}: only its owner (uid {uid}) or "
+                f"root may own it, and no one else may write to it"
+            )
     return None
 
 
@@ -113,8 +115,16 @@ def trusted_dir(folder: Path, what: str, remedy: str, shared_below: Path | None 
         except OSError:
             return folder  # not creatable: the caller's own write check reports it
     fresh = _replacements[key] = Path(tempfile.mkdtemp(prefix="ort_hf-"))  # mode 0700, owned by this user
-    logger.warning("ort_hf: not using %s for %s: %s. Fix it with `chmod 700 %s` (or choose another %s); using "
-                   "the private directory %s for this run.", folder, what, reason, folder, remedy, fresh)
+    logger.warning(
+        "ort_hf: not using %s for %s: %s. Fix it with `chmod 700 %s` (or choose another %s); using "
+        "the private directory %s for this run.",
+        folder,
+        what,
+        reason,
+        folder,
+        remedy,
+        fresh,
+    )
     return fresh
 
 

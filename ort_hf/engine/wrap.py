@@ -133,8 +133,12 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self._run.checked = False
         (logger.warning if exported else logger.info)(
             "ort_hf: %s moved (%s to %s) or changed dtype after it was wrapped: its ORT session is rebuilt for where it "
-            "is now%s.", type(self.module).__name__, before, self._settings.device_type,
-            " (one more export)" if exported else "")
+            "is now%s.",
+            type(self.module).__name__,
+            before,
+            self._settings.device_type,
+            " (one more export)" if exported else "",
+        )
 
     def forward(self, *args, **kwargs):
         settings, run = self._settings, self._run
@@ -197,13 +201,25 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         (logger.warning if unproven else logger.info)("%s", line)
         if not settings.preflight:
             return
-        logger.warning("ort_hf: %s is not among the classes the architecture sweep proved exact: checking ORT's graph "
-                       "against PyTorch on the first batch before training (--ort_preflight never skips this).", name)
+        logger.warning(
+            "ort_hf: %s is not among the classes the architecture sweep proved exact: checking ORT's graph "
+            "against PyTorch on the first batch before training (--ort_preflight never skips this).",
+            name,
+        )
         # The check's own session: fallback disabled (a failure is the answer), no rewrite and no
         # export cache (its graph is built with dropout off and must never serve the real run).
-        check = dataclasses.replace(settings.options, fallback="disable", preflight="never", trim_padding=False,
-                                    eliminate_padding=False, export_cache_dir=None, save_onnx=False, onnx_dir=None,
-                                    profile_dir=None, mem_efficient_grad_mgmt=False)
+        check = dataclasses.replace(
+            settings.options,
+            fallback="disable",
+            preflight="never",
+            trim_padding=False,
+            eliminate_padding=False,
+            export_cache_dir=None,
+            save_onnx=False,
+            onnx_dir=None,
+            profile_dir=None,
+            mem_efficient_grad_mgmt=False,
+        )
         summary = run_preflight(self.module, lambda m: wrap_model(m, check), args, kwargs)
         logger.info("ort_hf: pre-flight of %s: %s.", name, summary)
 
@@ -217,7 +233,8 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
                 "not -100), but ORT's graph runs with padding elimination, which computes nothing at padding "
                 "positions. Pad on the right with padding labelled -100 (as DataCollatorWithPadding and "
                 "DataCollatorForLanguageModeling do), or train with --ort_eliminate_padding false "
-                "(ORTOptions(eliminate_padding=False)).")
+                "(ORTOptions(eliminate_padding=False))."
+            )
         record.eliminate_padding = self._settings.eliminate_padding and worth_eliminating(inputs)
 
     @property
@@ -257,8 +274,11 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         if not written or self._ort._fallback_manager.is_pending():
             return output
         watch.restore()
-        logger.info("ort_hf: forward writes buffers (%s); they are carried through the ORT graph and updated "
-                    "after every step as in PyTorch (re-exporting once).", ", ".join(written))
+        logger.info(
+            "ort_hf: forward writes buffers (%s); they are carried through the ORT graph and updated "
+            "after every step as in PyTorch (re-exporting once).",
+            ", ".join(written),
+        )
         self._run.stateful = StatefulForward(self.module, written)
         self._set_ort(build_ort_module(self._run.stateful, self.options, ensure_engine()))
         self._ort.train(self.training)
@@ -269,8 +289,11 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
         self._run.ran = True
         if first and self.training and self.training_graph() is not None:
             self._check_requested_plans()
-            logger.info("ort_hf: ORT's training graph of %s: nodes swapped for ort_hf's kernels: %s.",
-                        type(self.module).__name__, self._record.swapped or "none")
+            logger.info(
+                "ort_hf: ORT's training graph of %s: nodes swapped for ort_hf's kernels: %s.",
+                type(self.module).__name__,
+                self._record.swapped or "none",
+            )
         manager = self._ort._fallback_manager
         if self._run.fallback_reason is None and manager.is_pending():
             self._record_fallback(describe_failure(manager._exception))
@@ -278,7 +301,9 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
     def _record_fallback(self, reason: str) -> None:
         self._run.ran, self._run.fallback_reason = True, reason
         logger.warning(
-            "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s", type(self.module).__name__, reason
+            "ort_hf: ORT could not run %s; training continues in PyTorch. Reason: %s",
+            type(self.module).__name__,
+            reason,
         )
 
     def use_pytorch(self, enabled: bool = True) -> None:

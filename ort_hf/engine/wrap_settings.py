@@ -37,9 +37,11 @@ class WrapSettings:
         device_type = placement.model_device_type(module)
         on_cuda = device_type == "cuda"
         if on_cuda and options.eliminate_padding:
-            raise ValueError("ort_hf: eliminate_padding is the CPU build's stand-in for ORT's own padding "
-                             "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
-                             "on a GPU. Leave eliminate_padding unset on CUDA.")
+            raise ValueError(
+                "ort_hf: eliminate_padding is the CPU build's stand-in for ORT's own padding "
+                "elimination, which its CUDA build runs (enable_embedding_sparsity); it has never run "
+                "on a GPU. Leave eliminate_padding unset on CUDA."
+            )
         config = getattr(module, "config", None)
         # The padding rewrites change what a model computes wherever it reads a padding position
         # (a convolution or pooling over the sequence, a loss over positions): by default they run
@@ -57,29 +59,44 @@ class WrapSettings:
         )
 
 
-
 def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> tuple[bool, str]:
     """The first step's line saying which of ort_hf's rewrites and kernels run for model class ``name``
     and why; True when the padding rewrites are off only for want of proof (a warning, not news)."""
     options, device = settings.options, settings.device_type
     if options.trim_padding is not None or options.eliminate_padding is not None:
-        padding = (f"padding trim {'on' if settings.trim_padding else 'off'} and elimination "
-                   f"{'on' if settings.eliminate_padding else 'off'} (--ort_trim_padding / --ort_eliminate_padding)")
+        padding = (
+            f"padding trim {'on' if settings.trim_padding else 'off'} and elimination "
+            f"{'on' if settings.eliminate_padding else 'off'} (--ort_trim_padding / --ort_eliminate_padding)"
+        )
     elif device != "cpu":
         padding = f"padding trim and elimination off on {device} (ORT's own padding elimination runs there)"
     elif settings.trim_padding:
-        padding = "padding trim and elimination on (the architecture sweep proved them exact for it: docs/architectures.md)"
+        padding = (
+            "padding trim and elimination on (the architecture sweep proved them exact for it: docs/architectures.md)"
+        )
     else:
-        padding = ("padding trim and elimination off (the architecture sweep has not proven them exact for it: "
-                   "docs/architectures.md; --ort_trim_padding true and --ort_eliminate_padding true force them)")
+        padding = (
+            "padding trim and elimination off (the architecture sweep has not proven them exact for it: "
+            "docs/architectures.md; --ort_trim_padding true and --ort_eliminate_padding true force them)"
+        )
     if device != "cpu":
         kernels = f"ort_hf's kernels off (CPU-only; ORT's own {device} kernels run)"
     else:
         on = sorted(swaps - CORRECTIONS)
-        off = [f"{swap} (recompute keeps ORT's)" if getattr(options, SWITCHES[swap]) else
-               f"{swap} (--ort_{SWITCHES[swap]} false)" for swap in sorted(set(SWITCHES) - swaps)]
-        kernels = (f"ort_hf's CPU kernels on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; "
-                   f"corrections of ORT's CPU kernels (always): {', '.join(sorted(CORRECTIONS))}")
-    unproven = device == "cpu" and options.trim_padding is None and options.eliminate_padding is None \
+        off = [
+            f"{swap} (recompute keeps ORT's)"
+            if getattr(options, SWITCHES[swap])
+            else f"{swap} (--ort_{SWITCHES[swap]} false)"
+            for swap in sorted(set(SWITCHES) - swaps)
+        ]
+        kernels = (
+            f"ort_hf's CPU kernels on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; "
+            f"corrections of ORT's CPU kernels (always): {', '.join(sorted(CORRECTIONS))}"
+        )
+    unproven = (
+        device == "cpu"
+        and options.trim_padding is None
+        and options.eliminate_padding is None
         and not settings.trim_padding
+    )
     return unproven, f"ort_hf: {name} trains on {device}: {padding}; {kernels}."

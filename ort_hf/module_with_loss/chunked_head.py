@@ -51,5 +51,7 @@ def fused_in_graph(graph) -> bool:
 
     graph = getattr(graph, "graph", graph)
     name = f"{ChunkedLinearCrossEntropy.__module__}.{ChunkedLinearCrossEntropy.__qualname__}"
-    return any(node.op_type == "PythonOp" and any(a.name == "func_name" and a.s.decode() == name
-                                                    for a in node.attribute) for node in graph.node)
+    return any(
+        node.op_type == "PythonOp" and any(a.name == "func_name" and a.s.decode() == name for a in node.attribute)
+        for node in graph.node
+    )

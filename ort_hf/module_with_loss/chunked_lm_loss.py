@@ -91,8 +91,14 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return (*(g * grad if has else None for g, has in zip(saved, ctx.has)), None, None, None)
 
 
-def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                 labels: torch.Tensor, ignore_index: int, threads: int = 1) -> torch.Tensor:
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    ignore_index: int,
+    threads: int = 1,
+) -> torch.Tensor:
     """The summed cross-entropy of ``hidden @ weight.T + bias`` against ``labels`` (2-D hidden,
     1-D labels), without the full logits; ``threads``: PyTorch's threads for it, at least."""
     return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, threads)

@@ -77,8 +77,9 @@ def _exportable_head(model: nn.Module, settings: HeadSettings):
         model.forward = installed_forward
 
 
-def fused_head_forward(model: nn.Module, settings: HeadSettings, *args, labels=None, shift_labels=None,
-                       num_items_in_batch=None, **kwargs):
+def fused_head_forward(
+    model: nn.Module, settings: HeadSettings, *args, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs
+):
     """TRL's ``_fused_forward`` (``fused_lm_head=True``) in ops ORT exports: the vocabulary projection
     and the softmax statistics on the non-ignored rows only."""
     kwargs["use_cache"] = False
@@ -107,8 +108,9 @@ def fused_head_forward(model: nn.Module, settings: HeadSettings, *args, labels=N
     return settings.output_type(loss=-log_probs.sum() / count, label_mask=mask, **per_token)
 
 
-def _row_statistics(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                    settings: HeadSettings) -> dict[str, torch.Tensor]:
+def _row_statistics(
+    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, settings: HeadSettings
+) -> dict[str, torch.Tensor]:
     """TRL's per-token outputs for ``hidden`` rows (N, H) and their ``targets`` (N,)."""
     weight, bias = lm_head.weight, lm_head.bias
     autocast = contextlib.nullcontext()
@@ -176,5 +178,7 @@ def head_rows_report(graph, module: FusedLMHeadModule, caller: FusedHeadCaller) 
     and whether the graph ORT built runs the vocabulary projection on those rows only (read from it)."""
     from .lm_head_graph_check import projection_on_gathered_rows
 
-    return {"ort/head_label_density": round(caller.label_density, 4),
-            "ort/head_on_used_rows": float(projection_on_gathered_rows(graph, head_weight_name(module)))}
+    return {
+        "ort/head_label_density": round(caller.label_density, 4),
+        "ort/head_on_used_rows": float(projection_on_gathered_rows(graph, head_weight_name(module))),
+    }

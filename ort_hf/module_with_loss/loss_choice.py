@@ -85,15 +85,22 @@ def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_ba
             logits = outputs["logits"] if isinstance(outputs, dict) else outputs[1]
             summed = module.loss_from_outputs({"logits": logits}, labels, count) * count
         except (KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
-            return LossChoice(MODEL_LOSS, f"its outputs do not give a cross-entropy over its labels "
-                                          f"({type(exc).__name__}: {exc})")
+            return LossChoice(
+                MODEL_LOSS, f"its outputs do not give a cross-entropy over its labels ({type(exc).__name__}: {exc})"
+            )
     for per_num_items, divisor in ((True, probe_items), (False, count)):
-        if divisor is not None and own.shape == summed.shape and torch.allclose(own, summed / divisor, rtol=1e-4,
-                                                                                 atol=1e-6):
+        if (
+            divisor is not None
+            and own.shape == summed.shape
+            and torch.allclose(own, summed / divisor, rtol=1e-4, atol=1e-6)
+        ):
             return LossChoice(CROSS_ENTROPY, per_num_items=per_num_items)
-    return LossChoice(MODEL_LOSS, f"its loss on the first batch ({own.flatten()[0].item():.6g}) is not the "
-                                  f"cross-entropy of its logits ({(summed / count).item():.6g}): it weights, adds "
-                                  "to or normalises it differently")
+    return LossChoice(
+        MODEL_LOSS,
+        f"its loss on the first batch ({own.flatten()[0].item():.6g}) is not the "
+        f"cross-entropy of its logits ({(summed / count).item():.6g}): it weights, adds "
+        "to or normalises it differently",
+    )
 
 
 def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
@@ -102,5 +109,3 @@ def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
     if (module.token_labels(cut["labels"]) != IGNORE_INDEX).any():
         return cut
     return dict(batch)
-
-

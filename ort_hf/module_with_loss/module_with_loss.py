@@ -114,8 +114,11 @@ class ModuleWithLoss(nn.Module):
             raise missing_labels_error(inputs)
         if self.chunked_head:
             return {"loss": self.chunked_head_loss(inputs, labels, num_items_in_batch)}
-        return {"loss": self.loss_from_outputs(self.model(**self.with_decoder_inputs(inputs, labels)), labels,
-                                               num_items_in_batch)}
+        return {
+            "loss": self.loss_from_outputs(
+                self.model(**self.with_decoder_inputs(inputs, labels)), labels, num_items_in_batch
+            )
+        }
 
     def with_decoder_inputs(self, inputs: dict, labels: torch.Tensor) -> dict:
         """``inputs`` plus the decoder inputs an encoder-decoder model derives from its labels
@@ -144,8 +147,9 @@ class ModuleWithLoss(nn.Module):
         """Share of the label positions the loss uses (after the causal shift)."""
         return float((self.token_labels(labels) != IGNORE_INDEX).float().mean())
 
-    def loss_from_outputs(self, outputs, labels: torch.Tensor, num_items_in_batch=None,
-                          in_pytorch: bool = False) -> torch.Tensor:
+    def loss_from_outputs(
+        self, outputs, labels: torch.Tensor, num_items_in_batch=None, in_pytorch: bool = False
+    ) -> torch.Tensor:
         """The cross-entropy of ``forward``, from the model's outputs; ``in_pytorch``: computed
         outside the ORT graph (the same loss through :mod:`.dense_cross_entropy` on CPU)."""
         if not self.takes_num_items:
@@ -174,8 +178,9 @@ class ModuleWithLoss(nn.Module):
         hidden = _output(getattr(model, model.base_model_prefix)(**inputs), "last_hidden_state")
         head = model.get_output_embeddings()
         labels = self.token_labels(labels).to(hidden.device)
-        summed = chunked_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, labels,
-                                              IGNORE_INDEX, self.head_threads)
+        summed = chunked_linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, labels, IGNORE_INDEX, self.head_threads
+        )
         return _per_item(summed, labels, num_items_in_batch)
 
     def is_class_label(self, labels: torch.Tensor | None) -> bool:

@@ -23,8 +23,12 @@ CHARTS = {
     ),
     "memory.png": (
         "Peak memory per phase (MB)",
-        [("memory/forward_peak_mb", "forward"), ("memory/backward_peak_mb", "backward"),
-         ("memory/optimizer_peak_mb", "optimizer"), ("memory/peak_mb", "step peak")],
+        [
+            ("memory/forward_peak_mb", "forward"),
+            ("memory/backward_peak_mb", "backward"),
+            ("memory/optimizer_peak_mb", "optimizer"),
+            ("memory/peak_mb", "step peak"),
+        ],
     ),
     "density.png": ("Input density", [("density/embed", "embedding input"), ("density/label", "labels")]),
 }
@@ -51,7 +55,9 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     state_file = path if path.is_file() else path / "trainer_state.json"
     if not state_file.exists():
-        checkpoints = sorted(path.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+        checkpoints = sorted(
+            path.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
+        )
         if not checkpoints:
             raise FileNotFoundError(
                 f"No trainer_state.json in {path} or its checkpoints: pass a Trainer output_dir "
@@ -77,7 +83,9 @@ def summarize(run: Run) -> dict[str, float | None]:
         "samples/s (median)": _median(run.values("throughput/samples_per_s")),
         "non-padding tokens/s (median)": _median(run.values("tokens/non_padding_per_s")),
         "peak memory MB (per step, max)": max(run.values("memory/peak_mb"), default=None),
-        "embedding density (mean)": statistics.fmean(run.values("density/embed")) if run.values("density/embed") else None,
+        "embedding density (mean)": statistics.fmean(run.values("density/embed"))
+        if run.values("density/embed")
+        else None,
         "label density (mean)": statistics.fmean(run.values("density/label")) if run.values("density/label") else None,
         "ORT export s": run.first("ort/export_s"),
         "ORT label sparsity": run.first("ort/label_sparsity"),
@@ -121,7 +129,7 @@ def render_report(run_dirs: list[str | Path], out_dir: str | Path | None = None)
         cols = min(2, len(present))
         rows = (len(present) + cols - 1) // cols
         fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.6 * rows), squeeze=False)
-        for ax in axes.flat[len(present):]:
+        for ax in axes.flat[len(present) :]:
             ax.set_visible(False)
         for ax, (key, label) in zip(axes.flat, present):
             for run in runs:

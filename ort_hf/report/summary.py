@@ -46,8 +46,10 @@ def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, 
         engine = "pytorch"
     else:
         engine = {"ort": "ort", "not_run": "not run"}.get(status.backend) or (
-            f"pytorch (ORT fell back: {status.fallback_reason})" if status.fallback_reason
-            else "pytorch (--use_ort auto measured it faster)")
+            f"pytorch (ORT fell back: {status.fallback_reason})"
+            if status.fallback_reason
+            else "pytorch (--use_ort auto measured it faster)"
+        )
     peaks = [h["memory/peak_mb"] for h in history if "memory/peak_mb" in h]
     eval_metrics = eval_metrics or {}
     return {
@@ -56,12 +58,18 @@ def run_summary(trainer, train_metrics: dict, eval_metrics: dict | None = None, 
         "samples_per_s": _median(history, "throughput/samples_per_s") or train_metrics.get("train_samples_per_second"),
         "non_padding_tokens_per_s": _median(history, "tokens/non_padding_per_s"),
         "peak_memory_mb": max(peaks) if peaks else None,
-        "run_peak_memory_mb": max((h["memory/run_peak_mb"] for h in history if "memory/run_peak_mb" in h), default=None),
+        "run_peak_memory_mb": max(
+            (h["memory/run_peak_mb"] for h in history if "memory/run_peak_mb" in h), default=None
+        ),
         "export_s": _first(history, "ort/export_s"),
         "metric_name": metric_name,
         "metric_value": eval_metrics.get(metric_name) if metric_name else None,
-        "label_sparsity": bool(_first(history, "ort/label_sparsity")) if _first(history, "ort/label_sparsity") is not None else None,
-        "recompute": bool(_first(history, "memory/recompute")) if _first(history, "memory/recompute") is not None else None,
+        "label_sparsity": bool(_first(history, "ort/label_sparsity"))
+        if _first(history, "ort/label_sparsity") is not None
+        else None,
+        "recompute": bool(_first(history, "memory/recompute"))
+        if _first(history, "memory/recompute") is not None
+        else None,
         "embed_density": _median(history, "density/embed"),
         "train_loss": train_metrics.get("train_loss"),
         # The whole run, as a stopwatch around train() sees it: the first step (ORT: export, gradient
@@ -97,12 +105,21 @@ def format_summary(summary: dict) -> str:
 
 
 def format_comparison(ort: dict, pytorch: dict) -> str:
-    lines = ["", "=== ORT vs PyTorch (same script, same arguments, fresh process each) ===",
-             f"  {'':<28} {'ORT':>14} {'PyTorch':>14} {'ORT/PyTorch':>12}"]
+    lines = [
+        "",
+        "=== ORT vs PyTorch (same script, same arguments, fresh process each) ===",
+        f"  {'':<28} {'ORT':>14} {'PyTorch':>14} {'ORT/PyTorch':>12}",
+    ]
     for key, name in ROWS[1:]:
         a, b = ort.get(key), pytorch.get(key)
-        ratio = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not isinstance(a, bool) else None
-        lines.append(f"  {name:<28} {format_value(a):>14} {format_value(b):>14} {(f'{ratio:.2f}x' if ratio else '-'):>12}")
+        ratio = (
+            a / b
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not isinstance(a, bool)
+            else None
+        )
+        lines.append(
+            f"  {name:<28} {format_value(a):>14} {format_value(b):>14} {(f'{ratio:.2f}x' if ratio else '-'):>12}"
+        )
     return "\n".join(lines + whole_run_lines(ort, pytorch))
 
 

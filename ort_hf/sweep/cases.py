@@ -19,12 +19,18 @@ TASKS = {
     t.name: t
     for t in (
         Task("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "padding", "class", num_labels=3),
-        Task("token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "token",
-             num_labels=3),
+        Task(
+            "token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "token", num_labels=3
+        ),
         Task("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm", "none"),
         Task("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm", "none", needs=("mask",)),
-        Task("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq", "sequence",
-             needs=("decoder_start",)),
+        Task(
+            "seq2seq-lm",
+            "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+            "seq2seq",
+            "sequence",
+            needs=("decoder_start",),
+        ),
         Task("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "padding", "span"),
     )
 }
@@ -56,12 +62,24 @@ class RunSettings:
 
     def training_arguments(self, output_dir: str) -> dict:
         return dict(
-            output_dir=output_dir, max_steps=self.steps, per_device_train_batch_size=self.batch_size,
-            optim="sgd", learning_rate=self.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+            output_dir=output_dir,
+            max_steps=self.steps,
+            per_device_train_batch_size=self.batch_size,
+            optim="sgd",
+            learning_rate=self.learning_rate,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
             # No clipping: the step-1 gradients compared are the raw ones, and clipping would tie every
             # parameter's update to the global norm.
-            max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
-            seed=self.seed, data_seed=self.seed, disable_tqdm=True, dataloader_num_workers=0,
+            max_grad_norm=0.0,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            seed=self.seed,
+            data_seed=self.seed,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
             train_sampling_strategy="sequential",  # both trainers see the same batches in the same order
         )
 

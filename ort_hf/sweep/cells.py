@@ -27,8 +27,10 @@ def classify(reference: dict, run: dict) -> dict:
     if not all(math.isfinite(x) for x in reference.get("losses") or [math.nan]):
         return _cell("not-counted", f"Trainer's loss is not finite: {reference.get('losses')}")
     if run.get("batches_differ_at_step"):
-        return _cell("not-counted", f"harness: ORTTrainer got other batches than Trainer from step "
-                                    f"{run['batches_differ_at_step']}")
+        return _cell(
+            "not-counted",
+            f"harness: ORTTrainer got other batches than Trainer from step {run['batches_differ_at_step']}",
+        )
     done = run.get("steps_done", 0)
     killed, error = run.get("killed"), run.get("error")
     if killed == "timeout":
@@ -55,15 +57,25 @@ def _compare_losses(expected: list[float], run: dict) -> dict:
     worst = max(diffs, default=0.0)
     over = next((i for i, d in enumerate(diffs, 1) if d > LOSS_ATOL), None)
     if over is not None:
-        return _cell("diverge", f"loss differs by {diffs[over - 1]:.1e} at step {over} (max {worst:.1e})", over,
-                     max_loss_diff=worst)
+        return _cell(
+            "diverge",
+            f"loss differs by {diffs[over - 1]:.1e} at step {over} (max {worst:.1e})",
+            over,
+            max_loss_diff=worst,
+        )
     if len(losses) < len(expected):
-        return _cell("crash", f"stopped after {len(losses)} steps without an error", len(losses) + 1,
-                     max_loss_diff=worst)
+        return _cell(
+            "crash", f"stopped after {len(losses)} steps without an error", len(losses) + 1, max_loss_diff=worst
+        )
     if run.get("backend") != "ort":
         # Not parity: nothing proves ORT computed these losses (fallback is disabled, so this is a defect).
-        return _cell("crash-step1", f"ORT never ran the steps: engine backend {run.get('backend')} "
-                                    f"({run.get('fallback_reason') or 'no reason given'})", 1, max_loss_diff=worst)
+        return _cell(
+            "crash-step1",
+            f"ORT never ran the steps: engine backend {run.get('backend')} "
+            f"({run.get('fallback_reason') or 'no reason given'})",
+            1,
+            max_loss_diff=worst,
+        )
     return _cell("parity", None, None, max_loss_diff=worst)
 
 

@@ -27,8 +27,9 @@ def build_tokenizer(specials: SpecialIds):
     backend = Tokenizer(models.WordLevel(vocab, unk_token=unk))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokens = {f"{k}_token": names[specials.by_name[k]] for k in TOKENIZER_SPECIALS if k in specials.by_name}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"],
-                                        padding_side="right", **tokens)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"], padding_side="right", **tokens
+    )
     if len(tokenizer) != specials.vocab_size:  # a special token added past the vocabulary would be out of range
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, the config's vocabulary {specials.vocab_size}")
     return tokenizer

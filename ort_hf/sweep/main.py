@@ -27,23 +27,48 @@ def _names(choices):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=_names(list(TASKS)), default=list(DEFAULT_TASKS),
-                        help=f"comma-separated, from {', '.join(TASKS)} (default: all)")
-    parser.add_argument("--modes", type=_names(list(MODES)), default=list(MODES),
-                        help=f"comma-separated, from {', '.join(MODES)} (default: all)")
-    parser.add_argument("--types", type=_names(None), default=None,
-                        help="comma-separated model types, e.g. bert,gpt2 (default: every type of each task's mapping)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the <task>.jsonl results (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "--tasks",
+        type=_names(list(TASKS)),
+        default=list(DEFAULT_TASKS),
+        help=f"comma-separated, from {', '.join(TASKS)} (default: all)",
+    )
+    parser.add_argument(
+        "--modes",
+        type=_names(list(MODES)),
+        default=list(MODES),
+        help=f"comma-separated, from {', '.join(MODES)} (default: all)",
+    )
+    parser.add_argument(
+        "--types",
+        type=_names(None),
+        default=None,
+        help="comma-separated model types, e.g. bert,gpt2 (default: every type of each task's mapping)",
+    )
+    parser.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"folder of the <task>.jsonl results (default {DEFAULT_OUT})"
+    )
     parser.add_argument("--logs", default="outputs/sweep/logs", help="folder of the workers' logs, one per case")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once, one process each (default 2)")
-    parser.add_argument("--timeout", type=float, default=240.0,
-                        help="seconds Trainer's run or one mode of a case may take before it is stopped (default 240)")
-    parser.add_argument("--no-fork", dest="fork", action="store_false",
-                        help="start each worker as a new Python process instead of forking it from this one, "
-                             "which imports torch, transformers and ORT once for all of them")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=240.0,
+        help="seconds Trainer's run or one mode of a case may take before it is stopped (default 240)",
+    )
+    parser.add_argument(
+        "--no-fork",
+        dest="fork",
+        action="store_false",
+        help="start each worker as a new Python process instead of forking it from this one, "
+        "which imports torch, transformers and ORT once for all of them",
+    )
     parser.add_argument("--redo", action="store_true", help="run cases again that --out already holds")
-    parser.add_argument("--render", action="store_true",
-                        help=f"run nothing: write {DEFAULT_DOC} and {DEFAULT_PROVEN} from the results in --out")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help=f"run nothing: write {DEFAULT_DOC} and {DEFAULT_PROVEN} from the results in --out",
+    )
     parser.add_argument("--doc", default=DEFAULT_DOC, help="where --render writes the table")
     parser.add_argument("--proven", default=DEFAULT_PROVEN, help="where --render writes the proven class names")
 
@@ -67,17 +92,23 @@ def _versions() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"torch {version('torch')}, transformers {version('transformers')}, "
-            f"onnxruntime-training-cpu {version('onnxruntime-training-cpu')}")
+    return (
+        f"torch {version('torch')}, transformers {version('transformers')}, "
+        f"onnxruntime-training-cpu {version('onnxruntime-training-cpu')}"
+    )
 
 
 def _progress(i: int, n: int, record: dict) -> str:
     from .messages import condense
 
-    cells = ", ".join(f"{mode} {r['cell']}" + (f" ({condense(r['detail'], 100)})" if r["cell"] != "parity" else "")
-                      for mode, r in record["modes"].items())
-    return (f"[{i}/{n}] {record['task']} / {record['model_type']} ({record['model_class'] or '?'}): {cells}; "
-            f"{record['wall_s']:.0f} s")
+    cells = ", ".join(
+        f"{mode} {r['cell']}" + (f" ({condense(r['detail'], 100)})" if r["cell"] != "parity" else "")
+        for mode, r in record["modes"].items()
+    )
+    return (
+        f"[{i}/{n}] {record['task']} / {record['model_type']} ({record['model_class'] or '?'}): {cells}; "
+        f"{record['wall_s']:.0f} s"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,16 +124,20 @@ def run(args: argparse.Namespace) -> int:
 
     out, logs = Path(args.out), Path(args.logs)
     stored = {task: read_results(results_path(out, task)) for task in args.tasks}
-    cases = [(task, t, missing_modes(stored[task].get(t), args.modes, args.redo))
-             for task, t in plan(args.tasks, args.types)]
+    cases = [
+        (task, t, missing_modes(stored[task].get(t), args.modes, args.redo)) for task, t in plan(args.tasks, args.types)
+    ]
     todo = [c for c in cases if c[2]]
     skipped = len(cases) - len(todo)
     if args.types:
         absent = sorted({t for t in args.types} - {t for _, t, _ in cases})
         if absent:
             print(f"ort-hf sweep: not in the chosen tasks' mappings: {', '.join(absent)}")
-    print(f"ort-hf sweep: {len(todo)} cases to run ({skipped} already in {out}; --redo runs them again), "
-          f"{args.jobs} at a time, logs in {logs}", flush=True)
+    print(
+        f"ort-hf sweep: {len(todo)} cases to run ({skipped} already in {out}; --redo runs them again), "
+        f"{args.jobs} at a time, logs in {logs}",
+        flush=True,
+    )
     tree, versions, lock, finished = _git_revision(), _versions(), threading.Lock(), [0]
 
     def one(case):

@@ -10,8 +10,10 @@ _NOISE = (
     (re.compile(r"^ORT failed at step \d+: "), ""),
     (re.compile(r"^ORT could not run \w+ and fallback is disabled: "), ""),
     (re.compile(r"Error in forward pass execution: |Error in backward pass execution: "), ""),
-    (re.compile(r"Non-zero status code returned while running (\w+) node\. Name:'([^']*)' Status Message: "),
-     r"\1 node '\2': "),
+    (
+        re.compile(r"Non-zero status code returned while running (\w+) node\. Name:'([^']*)' Status Message: "),
+        r"\1 node '\2': ",
+    ),
     (re.compile(r"/onnxruntime_src/\S+ .*? was false\. "), ""),
     (re.compile(r"'/_original_module/"), "'/"),
 )

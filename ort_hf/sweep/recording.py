@@ -81,8 +81,11 @@ def gradient_errors(reference: dict[str, torch.Tensor], got: dict[str, torch.Ten
     floor = NEGLIGIBLE_GRAD_SHARE * total_ref
     own = {name: _ratio(d, max(r, floor)) for name, (d, r) in norms.items()}
     worst = max(own, key=lambda n: (math.isnan(own[n]), own[n]), default=None)
-    return {"grad_rel_error": _ratio(total_diff, total_ref), "worst_param": worst,
-            "worst_param_rel_error": own[worst] if worst is not None else None}
+    return {
+        "grad_rel_error": _ratio(total_diff, total_ref),
+        "worst_param": worst,
+        "worst_param_rel_error": own[worst] if worst is not None else None,
+    }
 
 
 def describe_exception(exc: BaseException, steps_done: int) -> dict:
@@ -93,10 +96,17 @@ def describe_exception(exc: BaseException, steps_done: int) -> dict:
     while seen is not None and seen not in chain:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    own = [e for e in chain if type(e).__module__.startswith("ort_hf")
-           or (isinstance(e, (ValueError, RuntimeError)) and str(e).startswith("ort_hf"))]
-    lines = [line.strip() for line in str(exc).splitlines()
-             if line.strip() and not line.startswith("Last complete checkpoint:")]
+    own = [
+        e
+        for e in chain
+        if type(e).__module__.startswith("ort_hf")
+        or (isinstance(e, (ValueError, RuntimeError)) and str(e).startswith("ort_hf"))
+    ]
+    lines = [
+        line.strip()
+        for line in str(exc).splitlines()
+        if line.strip() and not line.startswith("Last complete checkpoint:")
+    ]
     text = " / ".join(lines)
     return {
         "type": type(exc).__name__,

@@ -53,9 +53,12 @@ def _load(out: Path) -> dict[str, dict[str, dict]]:
 
 
 def _counts(results: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| task (mapping) | mode | types run | " + " | ".join(c.replace("not-counted", "not counted")
-                                                                    for c in CELLS) + " |",
-             "|---|---|---:|" + "---:|" * len(CELLS)]
+    lines = [
+        "| task (mapping) | mode | types run | "
+        + " | ".join(c.replace("not-counted", "not counted") for c in CELLS)
+        + " |",
+        "|---|---|---:|" + "---:|" * len(CELLS),
+    ]
     proven = proven_lists(results)
     for task, records in results.items():
         for mode in (SHOWN_MODE, *MODES):
@@ -65,8 +68,11 @@ def _counts(results: dict[str, dict[str, dict]]) -> list[str]:
             else:
                 cells = [r["modes"][mode]["cell"] for r in records.values() if mode in r["modes"]]
             if cells:
-                lines.append(f"| {task} (`{TASKS[task].mapping}`) | {mode} | {len(cells)} | "
-                             + " | ".join(str(cells.count(c)) for c in CELLS) + " |")
+                lines.append(
+                    f"| {task} (`{TASKS[task].mapping}`) | {mode} | {len(cells)} | "
+                    + " | ".join(str(cells.count(c)) for c in CELLS)
+                    + " |"
+                )
     return lines
 
 
@@ -75,13 +81,18 @@ def _seconds(results: dict[str, dict[str, dict]]) -> list[str]:
         values = [v for v in values if v is not None]
         return f"{statistics.median(values):.1f}" if values else "–"
 
-    lines = ["| task | cases | whole case (one process, imports included) | Trainer's run | "
-             + " | ".join(MODES) + " |", "|---|---:|---:|---:|" + "---:|" * len(MODES)]
+    lines = [
+        "| task | cases | whole case (one process, imports included) | Trainer's run | " + " | ".join(MODES) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(MODES),
+    ]
     for task, records in results.items():
         rows = list(records.values())
-        lines.append(f"| {task} | {len(rows)} | {median(r['wall_s'] for r in rows)} | "
-                     f"{median(r['reference'].get('wall_s') for r in rows)} | "
-                     + " | ".join(median(r["modes"].get(m, {}).get("wall_s") for r in rows) for m in MODES) + " |")
+        lines.append(
+            f"| {task} | {len(rows)} | {median(r['wall_s'] for r in rows)} | "
+            f"{median(r['reference'].get('wall_s') for r in rows)} | "
+            + " | ".join(median(r["modes"].get(m, {}).get("wall_s") for r in rows) for m in MODES)
+            + " |"
+        )
     return lines
 
 
@@ -94,12 +105,16 @@ def _why_not_exact(rewrites: dict) -> str:
 
 def _rewrites_note(by_task: dict[str, dict]) -> str:
     exact = [t for t, r in by_task.items() if rewrites_exact(r["modes"].get("rewrites"))]
-    inexact = [f"{t} ({_why_not_exact(r['modes']['rewrites'])})" for t, r in by_task.items()
-               if "rewrites" in r["modes"] and t not in exact]
+    inexact = [
+        f"{t} ({_why_not_exact(r['modes']['rewrites'])})"
+        for t, r in by_task.items()
+        if "rewrites" in r["modes"] and t not in exact
+    ]
     if not exact and not inexact:
         return "not run"
-    return "; ".join(filter(None, [f"exact: {', '.join(exact)}" if exact else "",
-                                   f"not: {', '.join(inexact)}" if inexact else ""]))
+    return "; ".join(
+        filter(None, [f"exact: {', '.join(exact)}" if exact else "", f"not: {', '.join(inexact)}" if inexact else ""])
+    )
 
 
 def _per_type(results: dict[str, dict[str, dict]]) -> list[str]:
@@ -109,8 +124,7 @@ def _per_type(results: dict[str, dict[str, dict]]) -> list[str]:
     proven = proven_lists(results)
     in_mapping = {task: set(model_types(TASKS[task])) for task in tasks}
     types = sorted(set().union(*in_mapping.values())) if tasks else []
-    lines = ["| model type | " + " | ".join(tasks) + " | padding rewrites exact |",
-             "|---|" + "---|" * (len(tasks) + 1)]
+    lines = ["| model type | " + " | ".join(tasks) + " | padding rewrites exact |", "|---|" + "---|" * (len(tasks) + 1)]
     for model_type in types:
         cells = []
         for task in tasks:
@@ -147,71 +161,74 @@ def _conditions(results: dict[str, dict[str, dict]]) -> str:
 
 def markdown(results: dict[str, dict[str, dict]]) -> str:
     s = SETTINGS
-    modes = "\n".join(f"- `{m}`: {', '.join(f'{k}={v!r}' for k, v in o.items()) or 'ORTTrainer defaults'}"
-                      for m, o in MODES.items())
-    return "\n".join([
-        "# Architectures: ORTTrainer against Trainer, model type by model type",
-        "",
-        "<!-- Written by `ort-hf sweep --render` from docs/results/sweep/*.jsonl; do not edit by hand. -->",
-        "",
-        "For every model type of transformers' Auto mappings (one mapping per task), the sweep builds a tiny "
-        "model from the type's own default config (sizes shrunk by the table in `ort_hf/sweep/tiny_config.py`, "
-        "every dropout 0), and trains it twice from the same weights on the same batches: with `Trainer` and "
-        f"with `ORTTrainer` (`ort_fallback=\"disable\"`). {s.steps} steps of SGD (lr {s.learning_rate}, no "
-        f"gradient clipping), batch {s.batch_size}, random rows {s.min_len}-{s.max_len} tokens long, padded on "
-        "the right by transformers' own collator for the task (masked LM: the collator's seeded masking, the "
-        "same in both runs). Each case runs in its own process with a time limit per run.",
-        "",
-        "ORT runs once per mode, each from fresh weights:",
-        "",
-        modes,
-        "",
-        f"**{SHOWN_MODE}** is what ORTTrainer's defaults do with the lists below in place: a class proven "
-        "exact skips the pre-flight, so its cell is its `raw` run (its `rewrites` run where the padding "
-        "rewrites are proven too); every other class runs as the `default` mode ran it (pre-flight on "
-        "the first batch, padding rewrites off).",
-        "",
-        f"Cells: **parity** (every step's loss within {LOSS_ATOL:g} of Trainer's and ORT proven to have run), "
-        "**refused** (ORTTrainer stopped before the first optimizer step with a message of its own), "
-        "**crash-step1** (another error before the first optimizer step), **crash** (an error, hang or dead "
-        "process after at least one step), **timeout** (no step finished in time), **diverge** (a loss off by "
-        f"more than {LOSS_ATOL:g}, or finite on one side only), **not counted** (the tiny model cannot be built, "
-        "or Trainer itself fails or gives a non-finite loss).",
-        "",
-        f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
-        f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together), and `default` parity (the "
-        "pre-flight passed at another length and row count), as `exact`, and those whose "
-        f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `padding_rewrites`.",
-        "",
-        "Re-run: `make sweep` (every task and mode, two cases at a time, then this page), or e.g. "
-        "`ort-hf sweep --tasks seq-cls --types bert,gpt2` followed by `ort-hf sweep --render`. Cases already "
-        "in docs/results/sweep are kept unless `--redo`.",
-        "",
-        _conditions(results),
-        "",
-        "## Counts",
-        "",
-        *_counts(results),
-        "",
-        "## Median seconds per case",
-        "",
-        *_seconds(results),
-        "",
-        "## Not at parity, and what each waits for",
-        "",
-        "Every model type whose as-shipped cell is refused, a crash, a timeout or diverge in some task, with "
-        "what it waits for (`ort_hf/sweep/waits_for.py`).",
-        "",
-        *_waiting(results),
-        "",
-        f"## Model types ({SHOWN_MODE})",
-        "",
-        "`–`: the type is not in that task's mapping. The last column is the `rewrites` mode's verdict per task "
-        f"(parity and step-1 gradients within {REWRITES_GRAD_REL:g}).",
-        "",
-        *_per_type(results),
-        "",
-    ])
+    modes = "\n".join(
+        f"- `{m}`: {', '.join(f'{k}={v!r}' for k, v in o.items()) or 'ORTTrainer defaults'}" for m, o in MODES.items()
+    )
+    return "\n".join(
+        [
+            "# Architectures: ORTTrainer against Trainer, model type by model type",
+            "",
+            "<!-- Written by `ort-hf sweep --render` from docs/results/sweep/*.jsonl; do not edit by hand. -->",
+            "",
+            "For every model type of transformers' Auto mappings (one mapping per task), the sweep builds a tiny "
+            "model from the type's own default config (sizes shrunk by the table in `ort_hf/sweep/tiny_config.py`, "
+            "every dropout 0), and trains it twice from the same weights on the same batches: with `Trainer` and "
+            f'with `ORTTrainer` (`ort_fallback="disable"`). {s.steps} steps of SGD (lr {s.learning_rate}, no '
+            f"gradient clipping), batch {s.batch_size}, random rows {s.min_len}-{s.max_len} tokens long, padded on "
+            "the right by transformers' own collator for the task (masked LM: the collator's seeded masking, the "
+            "same in both runs). Each case runs in its own process with a time limit per run.",
+            "",
+            "ORT runs once per mode, each from fresh weights:",
+            "",
+            modes,
+            "",
+            f"**{SHOWN_MODE}** is what ORTTrainer's defaults do with the lists below in place: a class proven "
+            "exact skips the pre-flight, so its cell is its `raw` run (its `rewrites` run where the padding "
+            "rewrites are proven too); every other class runs as the `default` mode ran it (pre-flight on "
+            "the first batch, padding rewrites off).",
+            "",
+            f"Cells: **parity** (every step's loss within {LOSS_ATOL:g} of Trainer's and ORT proven to have run), "
+            "**refused** (ORTTrainer stopped before the first optimizer step with a message of its own), "
+            "**crash-step1** (another error before the first optimizer step), **crash** (an error, hang or dead "
+            "process after at least one step), **timeout** (no step finished in time), **diverge** (a loss off by "
+            f"more than {LOSS_ATOL:g}, or finite on one side only), **not counted** (the tiny model cannot be built, "
+            "or Trainer itself fails or gives a non-finite loss).",
+            "",
+            f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
+            f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together), and `default` parity (the "
+            "pre-flight passed at another length and row count), as `exact`, and those whose "
+            f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `padding_rewrites`.",
+            "",
+            "Re-run: `make sweep` (every task and mode, two cases at a time, then this page), or e.g. "
+            "`ort-hf sweep --tasks seq-cls --types bert,gpt2` followed by `ort-hf sweep --render`. Cases already "
+            "in docs/results/sweep are kept unless `--redo`.",
+            "",
+            _conditions(results),
+            "",
+            "## Counts",
+            "",
+            *_counts(results),
+            "",
+            "## Median seconds per case",
+            "",
+            *_seconds(results),
+            "",
+            "## Not at parity, and what each waits for",
+            "",
+            "Every model type whose as-shipped cell is refused, a crash, a timeout or diverge in some task, with "
+            "what it waits for (`ort_hf/sweep/waits_for.py`).",
+            "",
+            *_waiting(results),
+            "",
+            f"## Model types ({SHOWN_MODE})",
+            "",
+            "`–`: the type is not in that task's mapping. The last column is the `rewrites` mode's verdict per task "
+            f"(parity and step-1 gradients within {REWRITES_GRAD_REL:g}).",
+            "",
+            *_per_type(results),
+            "",
+        ]
+    )
 
 
 def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
@@ -225,9 +242,9 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
                 rewrites.add(record["model_class"])
     return {
         "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
-                        f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
-                        "default-mode (pre-flight) parity; "
-                        f"padding_rewrites: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}.",
+        f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
+        "default-mode (pre-flight) parity; "
+        f"padding_rewrites: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}.",
         "exact": sorted(exact),
         "padding_rewrites": sorted(rewrites),
     }

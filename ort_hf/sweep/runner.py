@@ -27,8 +27,13 @@ REFERENCE = "reference"
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     # One thread each (two workers on two cores); nothing may come from the Hugging Face hub.
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
     # The worker imports the ort_hf this runner is (a checkout on PYTHONPATH, or the installed one).
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
@@ -101,16 +106,27 @@ class _Attempt:
     def __init__(self, task: str, model_type: str, modes: list[str], state: Path, attempt: int, log, fork: bool):
         self.events_path = state / f"events-{attempt}.jsonl"
         self.events_path.touch()
-        argv = ["--task", task, "--type", model_type, "--modes", ",".join(modes), "--state", str(state),
-                "--attempt", str(attempt)]
+        argv = [
+            "--task",
+            task,
+            "--type",
+            model_type,
+            "--modes",
+            ",".join(modes),
+            "--state",
+            str(state),
+            "--attempt",
+            str(attempt),
+        ]
         cmd = [sys.executable, "-m", "ort_hf.sweep.worker", *argv]
         log.write(f"$ {' '.join(cmd)}{' (forked)' if fork else ''}\n")
         log.flush()
         if fork:
             self.proc = _Forked(argv, log)
         else:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(),
-                                         start_new_session=True)  # its own group: a kill takes ORT's threads too
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True
+            )  # its own group: a kill takes ORT's threads too
         self.offset = 0
         self.done: dict[str, dict] = {}
         self.stage, self.stage_started, self.losses = REFERENCE, time.monotonic(), []
@@ -179,8 +195,14 @@ def run_case(task: str, model_type: str, modes: list[str], timeout: float, log_p
                 attempt += 1
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    return _case_record(task, model_type, modes, reference or {"status": "not-counted", "reason": "no result"},
-                        runs, time.perf_counter() - started)
+    return _case_record(
+        task,
+        model_type,
+        modes,
+        reference or {"status": "not-counted", "reason": "no result"},
+        runs,
+        time.perf_counter() - started,
+    )
 
 
 def _killed_detail(ended: str, timeout: float, attempt: _Attempt, log_path: Path) -> str:
@@ -201,14 +223,24 @@ def _case_record(task: str, model_type: str, modes: list[str], reference: dict, 
             "trainer_losses": reference.get("losses"),
             "ort_losses": run.get("losses"),
             "error": run.get("error"),
-            **{k: run.get(k) for k in ("backend", "export_s", "wall_s", "grad_rel_error", "worst_param",
-                                       "worst_param_rel_error")},
+            **{
+                k: run.get(k)
+                for k in ("backend", "export_s", "wall_s", "grad_rel_error", "worst_param", "worst_param_rel_error")
+            },
         }
     return {
-        "task": task, "model_type": model_type, "model_class": reference.get("model_class"),
-        "params": reference.get("params"), "attn_implementation": reference.get("attn_implementation"),
+        "task": task,
+        "model_type": model_type,
+        "model_class": reference.get("model_class"),
+        "params": reference.get("params"),
+        "attn_implementation": reference.get("attn_implementation"),
         "reference": {k: reference.get(k) for k in ("status", "reason", "losses", "wall_s")},
-        "modes": results, "wall_s": round(wall_s, 1),
-        "settings": {"steps": SETTINGS.steps, "batch_size": SETTINGS.batch_size, "seed": SETTINGS.seed,
-                     "learning_rate": SETTINGS.learning_rate},
+        "modes": results,
+        "wall_s": round(wall_s, 1),
+        "settings": {
+            "steps": SETTINGS.steps,
+            "batch_size": SETTINGS.batch_size,
+            "seed": SETTINGS.seed,
+            "learning_rate": SETTINGS.learning_rate,
+        },
     }

@@ -20,46 +20,145 @@ EXPERTS, EXPERTS_PER_TOKEN = 4, 2
 # Attribute -> its tiny value, where the type's default is an int above it.
 TINY_SIZES: dict[str, int] = {
     # width of the residual stream
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "emb_dim", "embed_dim", "word_embed_proj_dim",
-                     "true_hidden_size", "intra_bottleneck_size", "pooler_hidden_size", "attention_hidden_size",
-                     "lru_width", "d_latents", "hidden_size_per_layer_input"), HIDDEN),
+    **dict.fromkeys(
+        (
+            "hidden_size",
+            "d_model",
+            "n_embd",
+            "dim",
+            "emb_dim",
+            "embed_dim",
+            "word_embed_proj_dim",
+            "true_hidden_size",
+            "intra_bottleneck_size",
+            "pooler_hidden_size",
+            "attention_hidden_size",
+            "lru_width",
+            "d_latents",
+            "hidden_size_per_layer_input",
+        ),
+        HIDDEN,
+    ),
     # factorised embeddings (ALBERT, ELECTRA, RemBERT) stay narrower than the model, as in the originals
     **dict.fromkeys(("embedding_size", "input_embedding_size", "output_embedding_size", "entity_emb_size"), 32),
     # depth
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
-                     "num_decoder_layers"), LAYERS),
+    **dict.fromkeys(
+        (
+            "num_hidden_layers",
+            "n_layer",
+            "num_layers",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_decoder_layers",
+        ),
+        LAYERS,
+    ),
     # attention heads; key/value heads follow from these (_kv_heads)
-    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
-                     "decoder_attention_heads", "mamba_n_heads", "mamba_num_heads"), HEADS),
-    **dict.fromkeys(("head_dim", "d_kv", "kv_channels", "dim_head", "v_head_dim", "swa_head_dim", "linear_head_dim",
-                     "linear_key_head_dim", "linear_value_head_dim", "index_head_dim", "mamba_headdim",
-                     "attention_head_dim"), HEAD_DIM),
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "n_head",
+            "n_heads",
+            "num_heads",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "mamba_n_heads",
+            "mamba_num_heads",
+        ),
+        HEADS,
+    ),
+    **dict.fromkeys(
+        (
+            "head_dim",
+            "d_kv",
+            "kv_channels",
+            "dim_head",
+            "v_head_dim",
+            "swa_head_dim",
+            "linear_head_dim",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "index_head_dim",
+            "mamba_headdim",
+            "attention_head_dim",
+        ),
+        HEAD_DIM,
+    ),
     # multi-head latent attention (DeepSeek): a rope and a no-rope part of each query/key head
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), HEAD_DIM // 2),
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "o_lora_rank"), 32),
     # feed-forward width
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
-                     "hidden_dim", "d_inner", "dim_ff", "dff", "ffn_hidden_size", "feed_forward_size",
-                     "intermediate_size_mlp", "dense_intermediate_size"), FFN),
-    **dict.fromkeys(("moe_intermediate_size", "expert_ffn_hidden_size", "shared_expert_intermediate_size",
-                     "shared_intermediate_size", "shared_experts_intermediate_size",
-                     "moe_shared_expert_intermediate_size"), FFN // 2),
+    **dict.fromkeys(
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "d_ff",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "n_inner",
+            "hidden_dim",
+            "d_inner",
+            "dim_ff",
+            "dff",
+            "ffn_hidden_size",
+            "feed_forward_size",
+            "intermediate_size_mlp",
+            "dense_intermediate_size",
+        ),
+        FFN,
+    ),
+    **dict.fromkeys(
+        (
+            "moe_intermediate_size",
+            "expert_ffn_hidden_size",
+            "shared_expert_intermediate_size",
+            "shared_intermediate_size",
+            "shared_experts_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+        ),
+        FFN // 2,
+    ),
     # mixture of experts
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS),
     **dict.fromkeys(("num_experts_per_tok", "num_selected_experts", "moe_topk"), EXPERTS_PER_TOKEN),
     **dict.fromkeys(("n_group", "topk_group", "n_shared_experts", "num_shared_experts"), 1),
     "first_k_dense_replace": 1,  # layer 0 dense, layer 1 a mixture: both kinds are trained
     # vocabularies
-    **dict.fromkeys(("vocab_size", "decoder_vocab_size", "src_vocab_size", "tgt_vocab_size",
-                     "vocab_size_per_layer_input"), VOCAB),
+    **dict.fromkeys(
+        ("vocab_size", "decoder_vocab_size", "src_vocab_size", "tgt_vocab_size", "vocab_size_per_layer_input"), VOCAB
+    ),
     "entity_vocab_size": 32,
     # positions
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_2d_position_embeddings",
-                     "max_encoder_position_embeddings", "max_decoder_position_embeddings", "max_target_positions",
-                     "max_source_positions", "context_length"), POSITIONS),
+    **dict.fromkeys(
+        (
+            "max_position_embeddings",
+            "n_positions",
+            "n_ctx",
+            "max_seq_len",
+            "max_2d_position_embeddings",
+            "max_encoder_position_embeddings",
+            "max_decoder_position_embeddings",
+            "max_target_positions",
+            "max_source_positions",
+            "context_length",
+        ),
+        POSITIONS,
+    ),
     # local attention
-    **dict.fromkeys(("sliding_window", "attention_window", "local_attention", "window_size", "attention_chunk_size",
-                     "sliding_window_size", "local_attention_window_len", "attention_window_size"), WINDOW),
+    **dict.fromkeys(
+        (
+            "sliding_window",
+            "attention_window",
+            "local_attention",
+            "window_size",
+            "attention_chunk_size",
+            "sliding_window_size",
+            "local_attention_window_len",
+            "attention_window_size",
+        ),
+        WINDOW,
+    ),
     # state-space layers
     **dict.fromkeys(("mamba_d_state", "state_size", "ssm_state_size"), 16),
     **dict.fromkeys(("mamba_dt_rank", "time_step_rank", "mamba_chunk_size", "chunk_size"), 16),
@@ -70,8 +169,14 @@ KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "encoder_kv_hea
 
 # The width of the residual stream and the attention heads, where both must agree (size_problems).
 WIDTHS = ("hidden_size", "d_model", "n_embd", "dim")
-HEAD_COUNTS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
-               "decoder_attention_heads")
+HEAD_COUNTS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+)
 
 # Depth attributes: a list as long as the type's default depth is per-layer, and is cut to LAYERS.
 DEPTHS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers")
@@ -223,8 +328,7 @@ def shrink(config_cls: type, defaults, ids: _TokenIds):
 
 def _init_kwargs(defaults, names: set[str] | None) -> dict:
     """The sub-configs a composite config was built with (a composite without them may not build)."""
-    return {k: v for k, v in vars(defaults).items()
-            if _is_sub_config(v) and (names is None or k in names)}
+    return {k: v for k, v in vars(defaults).items() if _is_sub_config(v) and (names is None or k in names)}
 
 
 def tiny_config(model_type: str, task_needs: tuple[str, ...] = (), num_labels: int | None = None):
@@ -242,8 +346,9 @@ def tiny_config(model_type: str, task_needs: tuple[str, ...] = (), num_labels: i
         if getattr(target, "pad_token_id", None) is None:
             # Sequence classification of a decoder model finds each row's last token by its pad id.
             target.pad_token_id = specials.by_name.setdefault("pad", specials.free_id())
-    specials.by_name.setdefault("pad", config.pad_token_id if getattr(config, "pad_token_id", None) is not None
-                                else text.pad_token_id)
+    specials.by_name.setdefault(
+        "pad", config.pad_token_id if getattr(config, "pad_token_id", None) is not None else text.pad_token_id
+    )
     if "mask" in task_needs:
         specials.by_name.setdefault("mask", specials.free_id())  # BERT's config names no mask id
     starts_decoder = "decoder_start" in task_needs or getattr(config, "is_encoder_decoder", False)

@@ -90,20 +90,31 @@ def run_reference(case: Case, emit) -> dict:
         traceback.print_exc()
         return {"record": {"status": "not-counted", "reason": f"model: {_one_line(exc)}"}}
     params = sum(p.numel() for p in model.parameters())
-    facts = {"model_class": type(model).__name__, "params": params,
-             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    facts = {
+        "model_class": type(model).__name__,
+        "params": params,
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+    }
     if params > MAX_PARAMS:
-        return {"record": {**facts, "status": "not-counted",
-                           "reason": f"tiny config still has {params / 1e6:.0f}M parameters (a size attribute the "
-                                     "rules in sweep/tiny_config.py miss)"}}
+        return {
+            "record": {
+                **facts,
+                "status": "not-counted",
+                "reason": f"tiny config still has {params / 1e6:.0f}M parameters (a size attribute the "
+                "rules in sweep/tiny_config.py miss)",
+            }
+        }
     initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     recorder = StepRecorder(emit)
     with tempfile.TemporaryDirectory(prefix="ort-hf-sweep-") as out:
         try:
-            trainer = RecordingTrainer(model=model, args=TrainingArguments(**SETTINGS.training_arguments(out)),
-                                       train_dataset=case.rows, data_collator=build_collator(case.task, case.tokenizer,
-                                                                                             model, SETTINGS),
-                                       callbacks=[recorder])
+            trainer = RecordingTrainer(
+                model=model,
+                args=TrainingArguments(**SETTINGS.training_arguments(out)),
+                train_dataset=case.rows,
+                data_collator=build_collator(case.task, case.tokenizer, model, SETTINGS),
+                callbacks=[recorder],
+            )
             trainer.recorder = recorder
             trainer.train()
             reason = None
@@ -113,8 +124,14 @@ def run_reference(case: Case, emit) -> dict:
     losses = recorder.losses
     if reason is None and not all(math.isfinite(x) for x in losses):
         reason = f"Trainer's loss is not finite: {losses}"
-    record = {**facts, "status": "not-counted" if reason else "ok", "reason": reason, "losses": losses,
-              "digests": recorder.digests, "wall_s": time.perf_counter() - started}
+    record = {
+        **facts,
+        "status": "not-counted" if reason else "ok",
+        "reason": reason,
+        "losses": losses,
+        "digests": recorder.digests,
+        "wall_s": time.perf_counter() - started,
+    }
     return {"record": record, "initial_state": initial_state, "grads": recorder.grads}
 
 
@@ -131,11 +148,16 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
     error, trainer = None, None
     with tempfile.TemporaryDirectory(prefix="ort-hf-sweep-") as out:
         try:
-            args = ORTTrainingArguments(**SETTINGS.training_arguments(out), **STRICT, **MODES[mode],
-                                        ort_intra_op_threads=1)  # two workers share two cores
+            args = ORTTrainingArguments(
+                **SETTINGS.training_arguments(out), **STRICT, **MODES[mode], ort_intra_op_threads=1
+            )  # two workers share two cores
             trainer = recording_ort_trainer_class()(
-                model=model, args=args, train_dataset=case.rows,
-                data_collator=build_collator(case.task, case.tokenizer, model, SETTINGS), callbacks=[recorder])
+                model=model,
+                args=args,
+                train_dataset=case.rows,
+                data_collator=build_collator(case.task, case.tokenizer, model, SETTINGS),
+                callbacks=[recorder],
+            )
             trainer.recorder = recorder
             trainer.train()
         except Exception as exc:

@@ -73,9 +73,13 @@ class BreakEvenCallback(TrainerCallback):
         saved = pytorch_s - ort_s
         # PyTorch's own first step is not measured in this run: its one-off cost counts as none.
         break_even = break_even_steps(first_s, ort_s, pytorch_s, pytorch_s)
-        logs = {"ort/step_ms": round(1000 * ort_s, 2), "ort/pytorch_step_ms": round(1000 * pytorch_s, 2),
-                "ort/speedup": round(pytorch_s / ort_s, 3), "ort/export_cost_s": round(export_s, 3),
-                "ort/break_even_steps": float(break_even)}
+        logs = {
+            "ort/step_ms": round(1000 * ort_s, 2),
+            "ort/pytorch_step_ms": round(1000 * pytorch_s, 2),
+            "ort/speedup": round(pytorch_s / ort_s, 3),
+            "ort/export_cost_s": round(export_s, 3),
+            "ort/break_even_steps": float(break_even),
+        }
         to_pytorch = auto and saved < 0
         if auto:
             logs["ort/auto_chose_pytorch"] = float(to_pytorch)
@@ -87,14 +91,25 @@ class BreakEvenCallback(TrainerCallback):
         else:
             after = "ORT's whole run is never the faster: PyTorch's step is faster here"
         if total_steps > 0:
-            ort_run, pytorch_run = whole_run_s(first_s, ort_s, total_steps), whole_run_s(pytorch_s, pytorch_s,
-                                                                                      total_steps)
-            after += (f"; this run's {total_steps} steps at these rates: ORT {ort_run:.0f} s, PyTorch "
-                      f"{pytorch_run:.0f} s ({pytorch_run / ort_run:.2f}x)")
+            ort_run, pytorch_run = (
+                whole_run_s(first_s, ort_s, total_steps),
+                whole_run_s(pytorch_s, pytorch_s, total_steps),
+            )
+            after += (
+                f"; this run's {total_steps} steps at these rates: ORT {ort_run:.0f} s, PyTorch "
+                f"{pytorch_run:.0f} s ({pytorch_run / ort_run:.2f}x)"
+            )
         if auto:
             after += f"; --use_ort auto: the rest of the run trains {'in PyTorch' if to_pytorch else 'through ORT'}"
         elif saved <= 0:
             after += " (--use_ort false, or auto to switch by itself)"
         logger.warning(
             "ort_hf: measured in this run over %d steps each: ORT %.1f ms/step, PyTorch %.1f ms/step (%.2fx); the "
-            "export cost %.2f s; %s.", self.steps, 1000 * ort_s, 1000 * pytorch_s, pytorch_s / ort_s, export_s, after)
+            "export cost %.2f s; %s.",
+            self.steps,
+            1000 * ort_s,
+            1000 * pytorch_s,
+            pytorch_s / ort_s,
+            export_s,
+            after,
+        )

@@ -160,8 +160,9 @@ class MemoryBudgetController(TrainerCallback):
         chosen = cheap_plans(plans, (no_recompute - target) / mb) if no_recompute > target else None
         if chosen:
             saved = sum(p.bytes_saved or 0 for p in plans if p.plan in chosen) * mb
-            candidates.append((no_recompute - saved, dataclasses.replace(options, memory_opt_level=0,
-                                                                          memory_opt_plans=chosen)))
+            candidates.append(
+                (no_recompute - saved, dataclasses.replace(options, memory_opt_level=0, memory_opt_plans=chosen))
+            )
         if options.memory_opt_level == 2:
             compromised = sum(p.bytes_saved or 0 for p in on if _strategy(p.plan) != "1") * mb
             candidates.append((peak_mb + compromised, dataclasses.replace(options, memory_opt_level=1)))
@@ -182,26 +183,34 @@ class MemoryBudgetController(TrainerCallback):
         )
         if not fits and self.trainer.args.auto_find_batch_size and self.trainer.state.train_batch_size > 1:
             self._restore_for_retry()
-            logger.warning("ort_hf: memory budget %.0f MB: batch %d does not fit at any recompute level "
-                           "(tried %s); retrying with a smaller batch.", self.budget_mb,
-                           self.trainer.state.train_batch_size, tried)
+            logger.warning(
+                "ort_hf: memory budget %.0f MB: batch %d does not fit at any recompute level "
+                "(tried %s); retrying with a smaller batch.",
+                self.budget_mb,
+                self.trainer.state.train_batch_size,
+                tried,
+            )
             raise BudgetExceeded(
                 f"ort_hf: measured peak above --ort_memory_budget_mb={self.budget_mb:.0f} at every recompute level "
                 f"for batch {self.trainer.state.train_batch_size}: treated as out of memory."
             )
         logger.warning(
-            "ort_hf: memory budget %.0f MB: %s (tried %s).", self.budget_mb,
-            f"{chosen} fits at batch {self.trainer.state.train_batch_size} with a peak of {peak:.0f} MB" if fits
+            "ort_hf: memory budget %.0f MB: %s (tried %s).",
+            self.budget_mb,
+            f"{chosen} fits at batch {self.trainer.state.train_batch_size} with a peak of {peak:.0f} MB"
+            if fits
             else f"no recompute configuration fits (lowest peak {min(t['peak_mb'] for t in self.tried):.0f} MB); "
             "lower the batch size or add --auto_find_batch_size",
             tried,
         )
-        self.trainer.add_ort_logs({
-            "memory/budget_level": float(options.memory_opt_level),
-            "memory/budget_plans": float(len(options.memory_opt_plans)),
-            "memory/budget_fits": float(fits),
-            "memory/budget_batch_size": float(self.trainer.state.train_batch_size),
-        })
+        self.trainer.add_ort_logs(
+            {
+                "memory/budget_level": float(options.memory_opt_level),
+                "memory/budget_plans": float(len(options.memory_opt_plans)),
+                "memory/budget_fits": float(fits),
+                "memory/budget_batch_size": float(self.trainer.state.train_batch_size),
+            }
+        )
 
     def _restore_for_retry(self) -> None:
         # Steps already taken at the batch that does not fit must not leak into the retry.

@@ -28,4 +28,5 @@ class EngineBypassCheck(TrainerCallback):
             f"ort_hf: step {state.global_step} of training never called the ORT module: {self._overrides} calls the "
             "plain model (self.model?) rather than the `model` argument it is given, so PyTorch trained it. Call "
             "`model(...)` or `self.compute_loss(model, inputs)` with the `model` training_step receives, or train "
-            "with use_ort=False.")
+            "with use_ort=False."
+        )

@@ -52,11 +52,18 @@ def warn_if_not_finite(loss: torch.Tensor, labels, step: int) -> None:
         return
     why = ""
     if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and bool((labels == -100).all()):
-        why = (" Every label of this batch is -100 (ignored): a mean over no labelled token is NaN, in "
-               "PyTorch as in ORT; drop such rows (e.g. truncation that cut every answer token) or check "
-               "the collator's label masking.")
-    logger.warning("ort_hf: non-finite loss %s at step %d (the logged loss filters it when "
-                   "logging_nan_inf_filter is on, as the Trainer does).%s", loss.item(), step, why)
+        why = (
+            " Every label of this batch is -100 (ignored): a mean over no labelled token is NaN, in "
+            "PyTorch as in ORT; drop such rows (e.g. truncation that cut every answer token) or check "
+            "the collator's label masking."
+        )
+    logger.warning(
+        "ort_hf: non-finite loss %s at step %d (the logged loss filters it when "
+        "logging_nan_inf_filter is on, as the Trainer does).%s",
+        loss.item(),
+        step,
+        why,
+    )
 
 
 def checkpoint_problem(path: str | Path) -> str | None:
@@ -157,8 +164,7 @@ def unfinished_checkpoint_guard(output_dir: str, current_step, writes_checkpoint
         yield
     except Exception as exc:  # torch.save and safetensors report a full disk as RuntimeError / SafetensorError
         folder = Path(output_dir) / f"checkpoint-{current_step()}"
-        if (not writes_checkpoints or folder.name in before or not folder.is_dir()
-                or is_complete_checkpoint(folder)):
+        if not writes_checkpoints or folder.name in before or not folder.is_dir() or is_complete_checkpoint(folder):
             raise
         try:
             free_mb = shutil.disk_usage(output_dir).free / 2**20

@@ -24,8 +24,10 @@ def check_deepspeed_args(args) -> None:
             "ZeRO stage 3 partitions the parameters, which ORT cannot export: set zero_optimization.stage to 1 or 2 "
             "in the DeepSpeed config, or pass --use_ort false to train with ZeRO-3 in plain PyTorch."
         )
-    for flag, value in (("--ort_mem_efficient_grad_mgmt", args.ort_mem_efficient_grad_mgmt),
-                        ("--ort_memory_budget_mb", args.ort_memory_budget_mb)):
+    for flag, value in (
+        ("--ort_mem_efficient_grad_mgmt", args.ort_mem_efficient_grad_mgmt),
+        ("--ort_memory_budget_mb", args.ort_memory_budget_mb),
+    ):
         if value:
             raise ValueError(f"{flag} is not supported with --deepspeed: drop one of the two.")
 
@@ -54,8 +56,11 @@ def _apply_fp16_optimizer(trainer) -> None:
     if reason is None:
         logger.info("ort_hf: ORT's FP16_Optimizer runs DeepSpeed's overflow check and gradient norm in fused kernels.")
     else:
-        logger.warning("ort_hf: ORT's FP16_Optimizer left DeepSpeed's optimizer unchanged (DeepSpeed's own "
-                       "fp16 code runs, results are the same): %s", reason)
+        logger.warning(
+            "ort_hf: ORT's FP16_Optimizer left DeepSpeed's optimizer unchanged (DeepSpeed's own "
+            "fp16 code runs, results are the same): %s",
+            reason,
+        )
 
 
 def _pass_through_next_prepare(accelerator, optimizer) -> None:

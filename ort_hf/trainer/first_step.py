@@ -37,8 +37,9 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
     choice = choose_loss(module, inputs, num_items_in_batch)
     module.use(choice)
     if choice.reason:
-        logger.warning("ort_hf: the model's own loss is trained, inside the ORT graph, with no label sparsity: %s.",
-                       choice.reason)
+        logger.warning(
+            "ort_hf: the model's own loss is trained, inside the ORT graph, with no label sparsity: %s.", choice.reason
+        )
         module.loss_in_graph = True
     elif mode != "auto":
         module.loss_in_graph = mode == "always"
@@ -49,24 +50,35 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
         module.loss_in_graph = args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
         if not module.loss_in_graph:
             _place_dense_loss(module, inputs, density, args, pythonop)
-    return {"ort/loss_in_graph": float(module.loss_in_graph), "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY),
-            "ort/chunked_lm_loss": float(module.chunked_head)}
+    return {
+        "ort/loss_in_graph": float(module.loss_in_graph),
+        "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY),
+        "ort/chunked_lm_loss": float(module.chunked_head),
+    }
 
 
 def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool) -> None:
     """Dense labels: the causal LM's head and loss fused in the graph where that is exact, else the loss
     in PyTorch from ORT's logits."""
-    refusal = chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss is off"
+    refusal = (
+        chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss is off"
+    )
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
-        logger.info("ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
-                    "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",
-                    100 * density)
+        logger.info(
+            "ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
+            "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",
+            100 * density,
+        )
         return
-    logger.info("ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first batch) leaves "
-                "label sparsity nothing to drop (--ort_loss_in_graph always to override), and the fused chunked "
-                "head is not used: %s.", 100 * density, refusal)
+    logger.info(
+        "ort_hf: loss computed in PyTorch from ORT's logits: label density %.1f%% (first batch) leaves "
+        "label sparsity nothing to drop (--ort_loss_in_graph always to override), and the fused chunked "
+        "head is not used: %s.",
+        100 * density,
+        refusal,
+    )
 
 
 def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, args) -> dict[str, float]:
@@ -76,37 +88,61 @@ def first_step_facts(engine, module, head_caller, labels: torch.Tensor | None, a
     logs.update(record_memory_plans(engine, args))
     stats = engine.padding_stats
     if stats["total_tokens"]:
-        logger.info("ort_hf: trimming trailing padding before ORT: the first batch kept %.1f%% of its token "
-                    "positions.", 100 * stats["kept_tokens"] / stats["total_tokens"])
+        logger.info(
+            "ort_hf: trimming trailing padding before ORT: the first batch kept %.1f%% of its token positions.",
+            100 * stats["kept_tokens"] / stats["total_tokens"],
+        )
     rewrite = engine.padding_rewrite
     logs["ort/padding_eliminated"] = float(rewrite is not None)
     if rewrite is not None:
-        logger.info("ort_hf: padding elimination: %d nodes of the graph run on the real tokens only (the "
-                    "padded layout rebuilt %d times, for attention and the outputs). --ort_eliminate_padding "
-                    "false turns it off.", rewrite.unpadded_nodes, rewrite.pads)
+        logger.info(
+            "ort_hf: padding elimination: %d nodes of the graph run on the real tokens only (the "
+            "padded layout rebuilt %d times, for attention and the outputs). --ort_eliminate_padding "
+            "false turns it off.",
+            rewrite.unpadded_nodes,
+            rewrite.pads,
+        )
     if isinstance(module, FusedLMHeadModule) and status.backend == "ort":
         logs.update(head_rows_report(engine.training_graph(), module, head_caller))
     if isinstance(module, ModuleWithLoss) and module.chunked_head and status.backend == "ort":
         graph = engine.training_graph()
         if graph is not None and not fused_in_graph(graph):
-            raise RuntimeError("ORT's graph does not run ort_hf's fused LM-head loss as a PythonOp, so its "
-                               "gradient is not the one computed for it: train with --ort_chunked_lm_loss false.")
-    if (not isinstance(module, ModuleWithLoss) or labels is None or labels.dim() < 2 or status.backend != "ort"
-            or not module.loss_in_graph or module.loss_kind != CROSS_ENTROPY):
+            raise RuntimeError(
+                "ORT's graph does not run ort_hf's fused LM-head loss as a PythonOp, so its "
+                "gradient is not the one computed for it: train with --ort_chunked_lm_loss false."
+            )
+    if (
+        not isinstance(module, ModuleWithLoss)
+        or labels is None
+        or labels.dim() < 2
+        or status.backend != "ort"
+        or not module.loss_in_graph
+        or module.loss_kind != CROSS_ENTROPY
+    ):
         return logs  # sequence-level labels, or the loss runs in PyTorch: nothing for label sparsity to remove
     density = module.label_density(labels)  # as the loss sees them (after a causal shift)
     fired = bool(engine.label_sparsity_fired())
     logs.update({"ort/label_density": round(density, 4), "ort/label_sparsity": float(fired)})
     if fired:
-        logger.warning("ort_hf: label sparsity fired: ORT computes the loss on the %.1f%% of label positions "
-                       "that are not ignored (first batch).", 100 * density)
+        logger.warning(
+            "ort_hf: label sparsity fired: ORT computes the loss on the %.1f%% of label positions "
+            "that are not ignored (first batch).",
+            100 * density,
+        )
     elif density < SPARSITY_THRESHOLD:
-        logger.warning("ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
-                       100 * density, why_no_label_sparsity(args, status))
+        logger.warning(
+            "ort_hf: label sparsity did not fire although label density is %.1f%%: %s",
+            100 * density,
+            why_no_label_sparsity(args, status),
+        )
     else:
-        logger.info("ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below %d%%).",
-                    100 * density, 100 * SPARSITY_THRESHOLD)
+        logger.info(
+            "ort_hf: label sparsity not needed: label density %.1f%% (ORT fires below %d%%).",
+            100 * density,
+            100 * SPARSITY_THRESHOLD,
+        )
     return logs
+
 
 MEMORY_PLANS_FILE = "ort_memory_plans.json"
 
@@ -123,8 +159,9 @@ def record_memory_plans(engine, args) -> dict[str, float]:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, MEMORY_PLANS_FILE), "w") as f:
             json.dump([dataclasses.asdict(p) for p in plans], f, indent=2)
-    rows = "\n".join(f"  {'ON ' if p.enabled else 'OFF'} {p.plan:<45} x{p.frequency:<3} {p.bytes_saved or 0:>14,.0f}"
-                     for p in plans)
+    rows = "\n".join(
+        f"  {'ON ' if p.enabled else 'OFF'} {p.plan:<45} x{p.frequency:<3} {p.bytes_saved or 0:>14,.0f}" for p in plans
+    )
     logger.info("ort_hf: ORT memory optimizer plans (first batch; bytes saved per step):\n%s", rows)
     return {"memory/plans_on": float(len(on)), "memory/plan_bytes_saved": float(sum(p.bytes_saved or 0 for p in on))}
 

@@ -27,8 +27,12 @@ def inference_inputs(model, batch: dict, label_names) -> dict[str, torch.Tensor]
     labels = label_inputs(model, label_names)
     inputs = {k: v for k, v in batch.items() if torch.is_tensor(v) and k in named and k not in labels}
     prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
-    if (prepare is not None and torch.is_tensor(batch.get("labels")) and "decoder_input_ids" in named
-            and "decoder_input_ids" not in inputs):
+    if (
+        prepare is not None
+        and torch.is_tensor(batch.get("labels"))
+        and "decoder_input_ids" in named
+        and "decoder_input_ids" not in inputs
+    ):
         inputs["decoder_input_ids"] = prepare(labels=batch["labels"])
     return inputs
 

@@ -45,6 +45,7 @@ from .training_args import ADAMW_ORT_FUSED, recompute_level_for_checkpointing
 
 logger = logging.getLogger(__name__)
 
+
 class ORTTrainerMixin:
     """The ORT hooks, for ``Trainer`` and its subclasses (``ORTTrainer``, ``ORTSeq2SeqTrainer``).
 
@@ -69,14 +70,19 @@ class ORTTrainerMixin:
         # does not go through the parent's (it may call the model itself, expecting its own outputs).
         self._parent_loss = _own_override(type(self), "compute_loss") or _step_of_its_own(type(self))
         if self.args.use_ort and self.args.use_module_with_loss and self._fused_head is None and self._parent_loss:
-            logger.info("ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
-                        "is off for it.", self._parent_loss)
+            logger.info(
+                "ort_hf: %s computes the loss from the ORT model's outputs; ModuleWithLoss (label sparsity) "
+                "is off for it.",
+                self._parent_loss,
+            )
         self._add_default_callbacks()
 
     def _add_default_callbacks(self) -> None:
         if self.args.use_ort:
             self.add_callback(StepSeedCallback(self))
-            overrides = " / ".join(filter(None, (_own_override(type(self), n) for n in ("training_step", "compute_loss"))))
+            overrides = " / ".join(
+                filter(None, (_own_override(type(self), n) for n in ("training_step", "compute_loss")))
+            )
             if overrides:  # they run ORT only if they call the model they are given
                 self.add_callback(EngineBypassCheck(self, overrides))
         present = {type(cb) for cb in self.callback_handler.callbacks}
@@ -111,8 +117,10 @@ class ORTTrainerMixin:
             problem = checkpoint_problem(resume_from_checkpoint)
             if problem:
                 intact = last_complete_checkpoint(os.path.dirname(os.path.abspath(resume_from_checkpoint)))
-                raise ValueError(f"Cannot resume from {resume_from_checkpoint}: {problem}. The newest intact checkpoint "
-                                 f"next to it is {intact or 'none'}; pass that, or resume_from_checkpoint=True.")
+                raise ValueError(
+                    f"Cannot resume from {resume_from_checkpoint}: {problem}. The newest intact checkpoint "
+                    f"next to it is {intact or 'none'}; pass that, or resume_from_checkpoint=True."
+                )
         # A checkpoint write that fails (full or read-only disk) ends with one message saying
         # which checkpoint is intact and how to resume.
         self._ort_run.start_train_call(resumed=bool(resume_from_checkpoint))
@@ -120,8 +128,11 @@ class ORTTrainerMixin:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         profile = self._ort_run.engine.end_profiling() if self._ort_run.engine is not None else None
         if profile:
-            logger.warning("ort_hf: ORT's per-node profile of this training run: %s (open it in chrome://tracing "
-                           "or https://ui.perfetto.dev)", profile)
+            logger.warning(
+                "ort_hf: ORT's per-node profile of this training run: %s (open it in chrome://tracing "
+                "or https://ui.perfetto.dev)",
+                profile,
+            )
         return output
 
     # --- model wrapping -------------------------------------------------------------------
@@ -166,8 +177,12 @@ class ORTTrainerMixin:
         wrapper = engine.module is loss_module and loss_module is not None
         target = engine.module.model if wrapper else engine.module
         wants_wrapper = self._loss_in_module_with_loss or self._fused_head is not None
-        return (target is self.model and engine.options == options and engine.engine_status().backend == "ort"
-                and wrapper == wants_wrapper)
+        return (
+            target is self.model
+            and engine.options == options
+            and engine.engine_status().backend == "ort"
+            and wrapper == wants_wrapper
+        )
 
     @property
     def _loss_in_module_with_loss(self) -> bool:
@@ -228,8 +243,9 @@ class ORTTrainerMixin:
         """What ran the last training attempt (``EngineStatus``), or None when ORT was not used."""
         return None if self._ort_run.engine is None else self._ort_run.engine.engine_status()
 
-    def export_onnx(self, output_dir: str, sample_inputs: dict | None = None,
-                    opset_version: int = INFERENCE_OPSET) -> str:
+    def export_onnx(
+        self, output_dir: str, sample_inputs: dict | None = None, opset_version: int = INFERENCE_OPSET
+    ) -> str:
         """Write an inference ONNX model of the trained model (every tensor it outputs, by name:
         ``logits``, or ``start_logits`` / ``end_logits``, ...) plus its config and tokenizer files
         to ``output_dir``; each output is checked in onnxruntime against PyTorch's (atol 1e-4)
@@ -266,13 +282,15 @@ class ORTTrainerMixin:
         if return_outputs or model is None or model is not run.train_model or run.loss_module is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels, ids = inputs.get("labels"), inputs.get("input_ids")
-        checked = host_check_due(ids.device.type if torch.is_tensor(ids) else "cpu", self.state.global_step,
-                                 self.state.logging_steps or 0)
+        checked = host_check_due(
+            ids.device.type if torch.is_tensor(ids) else "cpu", self.state.global_step, self.state.logging_steps or 0
+        )
         if checked:
             check_token_ids(inputs, getattr(getattr(self.model, "config", None), "vocab_size", None))
         if run.first_step_due:  # before the first forward: the placement decides what ORT exports
-            run.pending_logs.update(place_loss(run.loss_module, inputs, num_items_in_batch, self.args,
-                                                     run.engine.engine_status().pythonop))
+            run.pending_logs.update(
+                place_loss(run.loss_module, inputs, num_items_in_batch, self.args, run.engine.engine_status().pythonop)
+            )
         try:
             loss = self._engine_loss(model, inputs, num_items_in_batch)
         except RuntimeError as exc:
@@ -310,8 +328,13 @@ class ORTTrainerMixin:
         from ..engine import LoadBalancingBatchSampler
 
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        return LoadBalancingBatchSampler(dataset, self.args.per_device_train_batch_size, self.args.world_size,
-                                         self.args.process_index, self.args.seed)
+        return LoadBalancingBatchSampler(
+            dataset,
+            self.args.per_device_train_batch_size,
+            self.args.world_size,
+            self.args.process_index,
+            self.args.seed,
+        )
 
     # --- optimizer -------------------------------------------------------------------------
     @staticmethod
@@ -368,4 +391,3 @@ def _step_of_its_own(cls: type) -> str | None:
 
 class ORTTrainer(ORTTrainerMixin, Trainer):
     """Drop-in ``Trainer`` whose training steps run in an ORT session."""
-

@@ -42,8 +42,11 @@ def ort_args_class_for(config_cls: type) -> type:
     if config_cls is TrainingArguments:
         return ORTTrainingArguments
     base = _library_base(config_cls)  # imports the library's ORT config module: its classes are then found
-    declared = [cls for cls in _subclasses(ORTTrainingArguments)
-                if cls.__bases__[1:] == (config_cls,) and cls.__module__ in _CONFIG_MODULES.values()]
+    declared = [
+        cls
+        for cls in _subclasses(ORTTrainingArguments)
+        if cls.__bases__[1:] == (config_cls,) and cls.__module__ in _CONFIG_MODULES.values()
+    ]
     if declared:
         return declared[0]
     if config_cls not in _DERIVED:
@@ -80,7 +83,7 @@ def parent_init(trainer: object, mixin: type):
     parameters of the ones passed (theirs, not the named one's)."""
     mro = type(trainer).__mro__
     own: set[str] = set()
-    for cls in mro[mro.index(mixin) + 1:]:
+    for cls in mro[mro.index(mixin) + 1 :]:
         init = vars(cls).get("__init__")
         if init is None:
             continue
@@ -93,9 +96,14 @@ def parent_init(trainer: object, mixin: type):
 
 def _passes_args_on(parameters) -> bool:
     kinds = [p.kind for n, p in parameters.items() if n != "self"]
-    return (inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds
-            and all(k in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
-                          inspect.Parameter.KEYWORD_ONLY) for k in kinds))
+    return (
+        inspect.Parameter.VAR_POSITIONAL in kinds
+        and inspect.Parameter.VAR_KEYWORD in kinds
+        and all(
+            k in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            for k in kinds
+        )
+    )
 
 
 def bind_trainer_arguments(parent, ort_args_class: type | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -106,8 +114,10 @@ def bind_trainer_arguments(parent, ort_args_class: type | None, args: tuple, kwa
     init, own = parent
     signature = inspect.signature(init)
     if "args" not in signature.parameters:
-        raise TypeError(f"ORTTrainerMixin needs a Trainer whose __init__ takes `args` (the TrainingArguments); "
-                        f"{init.__qualname__} does not.")
+        raise TypeError(
+            f"ORTTrainerMixin needs a Trainer whose __init__ takes `args` (the TrainingArguments); "
+            f"{init.__qualname__} does not."
+        )
     theirs = {k: v for k, v in kwargs.items() if k in own}
     try:
         bound = signature.bind(None, *args, **{k: v for k, v in kwargs.items() if k not in own})  # None: self

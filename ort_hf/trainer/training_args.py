@@ -115,9 +115,11 @@ class ORTTrainingArguments(TrainingArguments):
     )
     ort_log_facts: bool = field(
         default=True,
-        metadata={"help": "Add ORT's facts about the run to the training logs: once, what the graph does (ort/export_s, "
-                  "ort/fallback, ort/loss_in_graph, ...); at each log, ort/positions_kept. With it and both callbacks "
-                  "off, the logs have exactly Trainer's keys."},
+        metadata={
+            "help": "Add ORT's facts about the run to the training logs: once, what the graph does (ort/export_s, "
+            "ort/fallback, ort/loss_in_graph, ...); at each log, ort/positions_kept. With it and both callbacks "
+            "off, the logs have exactly Trainer's keys."
+        },
     )
     ort_memory_budget_mb: float | None = field(
         default=None,
@@ -130,10 +132,12 @@ class ORTTrainingArguments(TrainingArguments):
 
     ort_compare_steps: int | None = field(
         default=None,
-        metadata={"help": "After the export step, run N steps through ORT and N in PyTorch (same run, weights and "
-                          "optimizer), then log both step times, the speed-up, the export cost and after how many "
-                          f"steps ORT pays for it (ort/break_even_steps). Default: {AUTO_COMPARE_STEPS} with "
-                          "--use_ort auto, else off (0)."},
+        metadata={
+            "help": "After the export step, run N steps through ORT and N in PyTorch (same run, weights and "
+            "optimizer), then log both step times, the speed-up, the export cost and after how many "
+            f"steps ORT pays for it (ort/break_even_steps). Default: {AUTO_COMPARE_STEPS} with "
+            "--use_ort auto, else off (0)."
+        },
     )
 
     # --- ORTOptions, one flag each (ort_<field>): default and help are ORTOptions' ---
@@ -225,8 +229,9 @@ class ORTTrainingArguments(TrainingArguments):
                 "(--ort_memory_opt_level 1) when training through ORT."
             )
             self.gradient_checkpointing = self.activation_checkpointing = False
-            self.ort_memory_opt_level = recompute_level_for_checkpointing(self.ort_memory_opt_level,
-                                                                          self.ort_memory_opt_plans)
+            self.ort_memory_opt_level = recompute_level_for_checkpointing(
+                self.ort_memory_opt_level, self.ort_memory_opt_plans
+            )
         self._refuse_what_ort_cannot_run()  # before the parent's own precision checks, so ours is what is said
         super().__post_init__()
         if wants_ort_fused:
@@ -240,7 +245,9 @@ class ORTTrainingArguments(TrainingArguments):
         check_deepspeed_args(self)
         self._check_compare_steps()
         if self.ort_memory_budget_mb is not None and self.ort_memory_budget_mb <= 0:
-            raise ValueError(f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}.")
+            raise ValueError(
+                f"--ort_memory_budget_mb must be a positive number of MB, got {self.ort_memory_budget_mb}."
+            )
         if self.ort_memory_budget_mb is not None and not self.ort_memory_callback:
             raise ValueError("--ort_memory_budget_mb measures with the memory observer: keep --ort_memory_callback on.")
         if self.ort_density_print_every is not None and self.ort_density_print_every < 1:
@@ -256,20 +263,30 @@ class ORTTrainingArguments(TrainingArguments):
     def _check_compare_steps(self) -> None:
         steps = self.ort_compare_steps
         if steps < 0 or (steps == 0 and self.use_ort == "auto"):
-            raise ValueError(f"--ort_compare_steps must be a number of steps{'' if self.use_ort == 'auto' else ' or 0 (off)'}"
-                             f", got {steps}.")
+            raise ValueError(
+                f"--ort_compare_steps must be a number of steps{'' if self.use_ort == 'auto' else ' or 0 (off)'}"
+                f", got {steps}."
+            )
         if steps and not self.use_ort:
             raise ValueError("--ort_compare_steps times ORT against PyTorch: it needs --use_ort true or auto.")
         if self.use_ort == "auto" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun / accelerate launch
-            raise ValueError("--use_ort auto times each engine in one process, and processes could choose "
-                             "differently: in distributed training, pass --use_ort true or false (measure with "
-                             "--ort_compare_steps N on a single process first).")
+            raise ValueError(
+                "--use_ort auto times each engine in one process, and processes could choose "
+                "differently: in distributed training, pass --use_ort true or false (measure with "
+                "--ort_compare_steps N on a single process first)."
+            )
         if steps and self.ort_memory_budget_mb is not None:
-            raise ValueError(f"{'--use_ort auto' if self.use_ort == 'auto' else '--ort_compare_steps'} and "
-                             "--ort_memory_budget_mb both time the first steps: use one.")
+            raise ValueError(
+                f"{'--use_ort auto' if self.use_ort == 'auto' else '--ort_compare_steps'} and "
+                "--ort_memory_budget_mb both time the first steps: use one."
+            )
         if steps and 0 < self.max_steps <= 2 * steps + 1:
-            logger.warning("ort_hf: --max_steps %d ends before the engine comparison (1 export step, then %d steps "
-                           "through each engine): nothing will be compared.", self.max_steps, steps)
+            logger.warning(
+                "ort_hf: --max_steps %d ends before the engine comparison (1 export step, then %d steps "
+                "through each engine): nothing will be compared.",
+                self.max_steps,
+                steps,
+            )
 
     def _fit_ddp_to_mem_efficient_gradients(self) -> None:
         # With memory-efficient gradients the parameters reach ORT's graph through PythonOps, not
@@ -312,4 +329,3 @@ def recompute_level_for_checkpointing(level: int, plans) -> int:
     torch.utils.checkpoint functions, and its layer-wise recompute (level 1) is the equivalent,
     unless a level or plans were chosen already. The two never run together."""
     return 1 if level == 0 and not plans else level
-

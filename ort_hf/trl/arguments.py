@@ -26,5 +26,7 @@ class ORTTRLArguments(ORTTrainingArguments):
         elif self.use_ort and not self.fp16:
             from ..engine import BF16_ON_CUDA
 
-            raise ValueError(f"{BF16_ON_CUDA} TRL's configs turn bf16 on when it is left unset: pass fp16=True "
-                             "(or bf16=False for fp32).")
+            raise ValueError(
+                f"{BF16_ON_CUDA} TRL's configs turn bf16 on when it is left unset: pass fp16=True "
+                "(or bf16=False for fp32)."
+            )

@@ -16,8 +16,10 @@ ORT_ARGUMENTS_BASE = ORTTRLArguments
 
 def _refuse_without_loss_module(args) -> None:
     if args.use_ort and not args.use_module_with_loss:
-        raise ValueError("use_module_with_loss=False with a TRL trainer: through ORT, TRL's fused LM head is always "
-                         "computed by a module around the model (ort_hf/module_with_loss/fused_lm_head.py). Drop the flag.")
+        raise ValueError(
+            "use_module_with_loss=False with a TRL trainer: through ORT, TRL's fused LM head is always "
+            "computed by a module around the model (ort_hf/module_with_loss/fused_lm_head.py). Drop the flag."
+        )
 
 
 @dataclass

@@ -20,8 +20,15 @@ from ..module_with_loss.fused_lm_head import OPTIONAL_OUTPUTS, HeadSettings
 from ..module_with_loss.module_with_loss import base_model
 
 # The free variables of add_fused_lm_head's _fused_forward this code reads (trl 1.16's names).
-_CLOSURE_NAMES = ("temperature", "cast_lm_head_to_fp32", "outputs", "final_logit_softcapping", "logit_scale",
-                  "backbone_attr", "text_config")
+_CLOSURE_NAMES = (
+    "temperature",
+    "cast_lm_head_to_fp32",
+    "outputs",
+    "final_logit_softcapping",
+    "logit_scale",
+    "backbone_attr",
+    "text_config",
+)
 _TRL_UTILS = os.path.join("trl", "trainer", "utils.py")  # where add_fused_lm_head and its _fused_forward live
 
 
@@ -56,9 +63,11 @@ def _closure_settings(func) -> dict:
     if missing or not set(outputs) <= {"log_probs", *OPTIONAL_OUTPUTS}:
         from importlib.metadata import version
 
-        raise RuntimeError(f"TRL's fused LM head (trl {version('trl')}) is not the one ort_hf reads (missing "
-                           f"{missing or 'none'}, outputs {outputs}); ort_hf is tested with {_tested_trl()}: "
-                           f"pip install '{_tested_trl()}', or train with the plain TRL trainer (use_ort=False).")
+        raise RuntimeError(
+            f"TRL's fused LM head (trl {version('trl')}) is not the one ort_hf reads (missing "
+            f"{missing or 'none'}, outputs {outputs}); ort_hf is tested with {_tested_trl()}: "
+            f"pip install '{_tested_trl()}', or train with the plain TRL trainer (use_ort=False)."
+        )
     return cells
 
 
@@ -67,15 +76,20 @@ def read_head_settings(model: nn.Module) -> HeadSettings:
     wrapper). Raises if TRL added none, or its head is not one this code reads."""
     func = _trl_forward(model)
     if func is None:
-        raise ValueError(f"{type(model).__name__} has no TRL fused LM head (trl.trainer.utils.add_fused_lm_head): "
-                         "the ORT TRL trainers compute the head TRL's trainers add in their __init__.")
+        raise ValueError(
+            f"{type(model).__name__} has no TRL fused LM head (trl.trainer.utils.add_fused_lm_head): "
+            "the ORT TRL trainers compute the head TRL's trainers add in their __init__."
+        )
     cells = _closure_settings(func)
     from trl.trainer.utils import FusedCausalLMOutput
 
     return HeadSettings(
-        temperature=float(cells["temperature"]), cast_lm_head_to_fp32=bool(cells["cast_lm_head_to_fp32"]),
-        outputs=tuple(cells["outputs"]), final_logit_softcapping=cells["final_logit_softcapping"],
-        logit_scale=float(cells["logit_scale"]), backbone_attr=cells["backbone_attr"],
+        temperature=float(cells["temperature"]),
+        cast_lm_head_to_fp32=bool(cells["cast_lm_head_to_fp32"]),
+        outputs=tuple(cells["outputs"]),
+        final_logit_softcapping=cells["final_logit_softcapping"],
+        logit_scale=float(cells["logit_scale"]),
+        backbone_attr=cells["backbone_attr"],
         moe_router_logits=bool(getattr(cells["text_config"], "output_router_logits", False)),
         output_type=FusedCausalLMOutput,
     )
@@ -88,11 +102,15 @@ def fused_head_of(model: nn.Module, args) -> HeadSettings | None:
     if not args.use_ort or _trl_forward(base) is None:
         return None
     if args.ort_eval_in_ort:
-        raise ValueError("--ort_eval_in_ort with TRL's fused LM head: evaluation runs TRL's head in PyTorch; "
-                         "drop the flag (training still runs through ORT).")
+        raise ValueError(
+            "--ort_eval_in_ort with TRL's fused LM head: evaluation runs TRL's head in PyTorch; "
+            "drop the flag (training still runs through ORT)."
+        )
     settings = read_head_settings(base)
     if settings.moe_router_logits:
-        raise ValueError(f"{type(base).__name__} asks for MoE router logits (TRL adds the load-balancing loss to the "
-                         "fused head's): not computed through ORT by ort_hf. Pass router_aux_loss_coef=0.0 to the "
-                         "config, or train with the plain TRL trainer (use_ort=False).")
+        raise ValueError(
+            f"{type(base).__name__} asks for MoE router logits (TRL adds the load-balancing loss to the "
+            "fused head's): not computed through ORT by ort_hf. Pass router_aux_loss_coef=0.0 to the "
+            "config, or train with the plain TRL trainer (use_ort=False)."
+        )
     return settings

@@ -32,11 +32,15 @@ def refuse_online_options(args, trainer_name: str) -> None:
     if not args.use_ort:
         return
     if getattr(args, "use_vllm", False):
-        raise ValueError(f"use_vllm=True with {trainer_name}: vLLM generates from its own copy of the weights on a "
-                         "GPU, synced from the model each step; ort_hf generates with transformers' generate on the "
-                         "model ORT trains. Pass use_vllm=False (the default), or train with the plain TRL trainer "
-                         "(use_ort=False).")
+        raise ValueError(
+            f"use_vllm=True with {trainer_name}: vLLM generates from its own copy of the weights on a "
+            "GPU, synced from the model each step; ort_hf generates with transformers' generate on the "
+            "model ORT trains. Pass use_vllm=False (the default), or train with the plain TRL trainer "
+            "(use_ort=False)."
+        )
     if args.use_liger_kernel:
-        raise ValueError(f"use_liger_kernel=True with {trainer_name}: Liger's kernels are Triton kernels that ORT "
-                         "cannot export into its graph. Drop use_liger_kernel (ORT's graph optimiser fuses kernels itself), or "
-                         "train with the plain TRL trainer (use_ort=False).")
+        raise ValueError(
+            f"use_liger_kernel=True with {trainer_name}: Liger's kernels are Triton kernels that ORT "
+            "cannot export into its graph. Drop use_liger_kernel (ORT's graph optimiser fuses kernels itself), or "
+            "train with the plain TRL trainer (use_ort=False)."
+        )

@@ -29,10 +29,12 @@ class ORTSFTTrainer(ORTTrainerMixin, SFTTrainer):
         super().__init__(*args, **kwargs)
         if self.args.use_ort and (self.args.label_smoothing_factor or self.compute_loss_func is not None):
             option = "label_smoothing_factor" if self.args.label_smoothing_factor else "compute_loss_func"
-            raise ValueError(f"{option} with ORTSFTTrainer: SFTTrainer computes it from the full logits of an extra "
-                             "forward next to its fused LM head (deprecated in TRL 1.x), which ORT cannot run as one "
-                             f"graph. Drop {option} (TRL's default loss, or loss_type='dft', trains through ORT), or "
-                             "train in PyTorch with use_ort=False.")
+            raise ValueError(
+                f"{option} with ORTSFTTrainer: SFTTrainer computes it from the full logits of an extra "
+                "forward next to its fused LM head (deprecated in TRL 1.x), which ORT cannot run as one "
+                f"graph. Drop {option} (TRL's default loss, or loss_type='dft', trains through ORT), or "
+                "train in PyTorch with use_ort=False."
+            )
 
 
 class ORTDPOTrainer(ORTTrainerMixin, DPOTrainer):

@@ -10,9 +10,22 @@ from ort_hf.bench.cpu import cpu_record
 from ort_hf.cli import main
 
 ROW_KEYS = {
-    "workload", "variant", "engine", "samples_per_s", "tokens_per_s", "step_median_ms", "step_p25_ms",
-    "step_p75_ms", "run_peak_mb", "export_s", "first_step_s", "final_step", "final_loss", "speedup",
-    "train_runtime_s", "whole_run_speedup",
+    "workload",
+    "variant",
+    "engine",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_median_ms",
+    "step_p25_ms",
+    "step_p75_ms",
+    "run_peak_mb",
+    "export_s",
+    "first_step_s",
+    "final_step",
+    "final_loss",
+    "speedup",
+    "train_runtime_s",
+    "whole_run_speedup",
 }
 
 
@@ -25,9 +38,33 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     goals_file.write_text('[every_workload]\nat_least = 0.97\n[init]\nworkloads = ["sst2-dynamic"]\nat_most_s = 5\n')
     root = tmp_path / "bench"
     out = root / cpu_record()["key"]  # this CPU kind's folder: another kind's results go beside it
-    code = main(["bench", "--out", str(root), "--workloads", "sst2-dynamic,mlm", "--variants", "eager,ort",
-                 "--rounds", "1", "--steps", "3", "--warmup_steps", "1", "--batch_size", "2", "--seq_len", "32",
-                 "--model_dir", str(tiny_model_dir), "--train_file", str(train), "--targets", str(goals_file)])
+    code = main(
+        [
+            "bench",
+            "--out",
+            str(root),
+            "--workloads",
+            "sst2-dynamic,mlm",
+            "--variants",
+            "eager,ort",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--warmup_steps",
+            "1",
+            "--batch_size",
+            "2",
+            "--seq_len",
+            "32",
+            "--model_dir",
+            str(tiny_model_dir),
+            "--train_file",
+            str(train),
+            "--targets",
+            str(goals_file),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "skipping workload mlm" in printed  # a CSV is no text for MLM: skipped, said so, no crash

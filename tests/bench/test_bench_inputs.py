@@ -28,8 +28,9 @@ PAIRS = [
 
 def _write(path, rows, delimiter=","):
     with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL,
-                   escapechar="\\").writerows(rows)
+        csv.writer(
+            f, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL, escapechar="\\"
+        ).writerows(rows)
     return path
 
 
@@ -39,8 +40,9 @@ def test_mrpc_layout_reads_the_pair_and_the_quality_label(tmp_path, tiny_model_d
     assert table.texts == ([p[3] for p in PAIRS], [p[4] for p in PAIRS])
     assert table.labels == [1, 0, 1]  # Quality, not the "#1 ID" column next to it
 
-    settings = BenchSettings(steps=2, warmup_steps=1, batch_size=3, seq_len=48, model_dir=str(tiny_model_dir),
-                             train_file=str(train))
+    settings = BenchSettings(
+        steps=2, warmup_steps=1, batch_size=3, seq_len=48, model_dir=str(tiny_model_dir), train_file=str(train)
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     dataset = build_dataset(WORKLOADS["sst2-dynamic"], settings, tokenizer)
     first = dataset[0]
@@ -50,12 +52,17 @@ def test_mrpc_layout_reads_the_pair_and_the_quality_label(tmp_path, tiny_model_d
 
 
 def test_string_labels_and_three_classes_size_the_head(tmp_path, tiny_model_dir):
-    rows = [("premise", "hypothesis", "label"), ("a man sleeps", "a person rests", "entailment"),
-            ("a man sleeps", "a man runs", "contradiction"), ("a man sleeps", "he is tired", "neutral"),
-            ("a dog barks", "an animal makes noise", "entailment")]
+    rows = [
+        ("premise", "hypothesis", "label"),
+        ("a man sleeps", "a person rests", "entailment"),
+        ("a man sleeps", "a man runs", "contradiction"),
+        ("a man sleeps", "he is tired", "neutral"),
+        ("a dog barks", "an animal makes noise", "entailment"),
+    ]
     train = _write(tmp_path / "nli.csv", rows)
-    settings = BenchSettings(steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir),
-                             train_file=str(train))
+    settings = BenchSettings(
+        steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir), train_file=str(train)
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     workload = WORKLOADS["sst2-dynamic"]
     dataset = build_dataset(workload, settings, tokenizer)
@@ -76,14 +83,16 @@ def test_json_lines_as_datasets_writes_them(tmp_path, tiny_model_dir):
     from datasets import Dataset
 
     train = tmp_path / "train.jsonl"
-    Dataset.from_dict({"label": [0.0, 1.0, 1.0], "sentence": ["dull", "a clever plot", "wonderful"],
-                       "idx": [0, 1, 2]}).to_json(train)
+    Dataset.from_dict(
+        {"label": [0.0, 1.0, 1.0], "sentence": ["dull", "a clever plot", "wonderful"], "idx": [0, 1, 2]}
+    ).to_json(train)
     table = read_table(train)
     assert table.texts == (["dull", "a clever plot", "wonderful"],)
     assert table.labels == [0, 1, 1]  # whole numbers from a float column are class ids
 
-    settings = BenchSettings(steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir),
-                             train_file=str(train))
+    settings = BenchSettings(
+        steps=1, warmup_steps=1, batch_size=2, seq_len=32, model_dir=str(tiny_model_dir), train_file=str(train)
+    )
     assert data_file(WORKLOADS["sst2-dynamic"], settings) == train
     dataset = build_dataset(WORKLOADS["sst2-dynamic"], settings, AutoTokenizer.from_pretrained(tiny_model_dir))
     assert list(dataset["labels"]) == [0, 1, 1, 0] and num_labels(dataset) == 2  # cycled to 4 rows
@@ -96,13 +105,16 @@ def test_a_json_array_is_refused_with_what_to_write(tmp_path):
         read_table(train)
 
 
-@pytest.mark.parametrize("rows, message", [
-    ([("review", "label"), ("good", "1")], "cannot tell the text and label columns"),
-    ([("sentence1", "sentence2", "score"), ("a", "b", "3.8")], "cannot tell the text and label columns"),
-    ([("sentence1", "sentence2", "label"), ("a", "b", "3.8")], "regression target"),
-    ([("sentence", "label"), ("a", "-1")], "negative"),
-    ([("sentence", "label")], "no complete rows"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([("review", "label"), ("good", "1")], "cannot tell the text and label columns"),
+        ([("sentence1", "sentence2", "score"), ("a", "b", "3.8")], "cannot tell the text and label columns"),
+        ([("sentence1", "sentence2", "label"), ("a", "b", "3.8")], "regression target"),
+        ([("sentence", "label"), ("a", "-1")], "negative"),
+        ([("sentence", "label")], "no complete rows"),
+    ],
+)
 def test_unreadable_tables_say_what_to_change(tmp_path, rows, message):
     train = _write(tmp_path / "t.csv", rows)
     with pytest.raises(BadTable, match=message):
@@ -113,16 +125,38 @@ def test_bench_stops_on_an_unreadable_table_before_any_worker(tmp_path):
     train = _write(tmp_path / "t.csv", [("review", "stars"), ("good", "5")])
     out = tmp_path / "bench"
     with pytest.raises(SystemExit, match="--train_file: t.csv: cannot tell the text and label columns"):
-        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
-              "--train_file", str(train)])
+        main(
+            [
+                "bench",
+                "--out",
+                str(out),
+                "--workloads",
+                "sst2-dynamic",
+                "--variants",
+                "eager",
+                "--train_file",
+                str(train),
+            ]
+        )
     assert not list(out.glob("**/runs"))  # no worker started
 
 
 def test_bench_stops_on_a_folder_that_is_no_model(tmp_path):
     out = tmp_path / "bench"
     with pytest.raises(SystemExit, match="is not a Hugging Face model folder"):
-        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
-              "--model_dir", str(tmp_path / "missing")])
+        main(
+            [
+                "bench",
+                "--out",
+                str(out),
+                "--workloads",
+                "sst2-dynamic",
+                "--variants",
+                "eager",
+                "--model_dir",
+                str(tmp_path / "missing"),
+            ]
+        )
     assert not list(out.glob("**/runs"))
 
 
@@ -135,8 +169,19 @@ def test_bench_stops_on_a_model_folder_without_its_tokenizer(tiny_model_dir, tmp
         (weights_only / name).write_bytes((tiny_model_dir / name).read_bytes())
     out = tmp_path / "bench"
     with pytest.raises(SystemExit, match=r"has no tokenizer files .*\(tokenizer.save_pretrained\)"):
-        main(["bench", "--out", str(out), "--workloads", "sst2-dynamic", "--variants", "eager",
-              "--model_dir", str(weights_only)])
+        main(
+            [
+                "bench",
+                "--out",
+                str(out),
+                "--workloads",
+                "sst2-dynamic",
+                "--variants",
+                "eager",
+                "--model_dir",
+                str(weights_only),
+            ]
+        )
     assert not list(out.glob("**/runs"))
 
 
@@ -151,10 +196,25 @@ def test_sequences_longer_than_the_positions_skip_the_workload(tiny_model_dir, t
     assert length_problem(WORKLOADS["mlm"], BenchSettings(seq_len=512), roberta) is None
 
     out = tmp_path / "bench"
-    code = main(["bench", "--out", str(out), "--workloads", "mlm", "--variants", "eager",
-                 "--model_dir", str(tiny_model_dir), "--seq_len", "128"])
+    code = main(
+        [
+            "bench",
+            "--out",
+            str(out),
+            "--workloads",
+            "mlm",
+            "--variants",
+            "eager",
+            "--model_dir",
+            str(tiny_model_dir),
+            "--seq_len",
+            "128",
+        ]
+    )
     assert code == 1  # nothing ran
-    assert "skipping workload mlm: mlm uses 128-token sequences but the model has 64 positions" in capsys.readouterr().out
+    assert (
+        "skipping workload mlm: mlm uses 128-token sequences but the model has 64 positions" in capsys.readouterr().out
+    )
     assert not list(out.glob("**/runs"))
 
 
@@ -163,8 +223,10 @@ def test_a_failed_run_keeps_the_whole_message_without_the_resume_hint():
     assert _reason(exc) == "RuntimeError: ORT failed at step 1: shapes differ"
 
 
-@pytest.mark.parametrize("flag, value", [("--warmup_steps", "0"), ("--steps", "0"), ("--rounds", "0"),
-                                         ("--batch_size", "0"), ("--threads", "0")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--warmup_steps", "0"), ("--steps", "0"), ("--rounds", "0"), ("--batch_size", "0"), ("--threads", "0")],
+)
 def test_settings_that_measure_nothing_or_the_export_are_refused(flag, value, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--out", str(tmp_path / "bench"), flag, value])

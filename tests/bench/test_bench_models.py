@@ -10,8 +10,15 @@ from ort_hf.bench.spec import WORKLOADS, BenchSettings
 def test_decoder_without_pad_token_gets_eos_as_padding(minilm_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
     tokenizer.eos_token, tokenizer.pad_token = tokenizer.sep_token, None
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                        eos_token_id=tokenizer.eos_token_id, architectures=["GPT2LMHeadModel"])
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        eos_token_id=tokenizer.eos_token_id,
+        architectures=["GPT2LMHeadModel"],
+    )
     assert config.pad_token_id is None
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

@@ -9,14 +9,32 @@ from ort_hf.bench.models import MaskedHeadMLM
 
 VOCAB, SEQ, BATCH = 100, 16, 4
 SMALL = dict(vocab_size=VOCAB, pad_token_id=0)
-BERT_LIKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                 max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **SMALL)
+BERT_LIKE = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    **SMALL,
+)
 CONFIGS = {
     "bert": (tf.BertForMaskedLM, lambda: tf.BertConfig(**BERT_LIKE)),
     "roberta": (tf.RobertaForMaskedLM, lambda: tf.RobertaConfig(**BERT_LIKE)),
-    "distilbert": (tf.DistilBertForMaskedLM, lambda: tf.DistilBertConfig(
-        dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64, dropout=0.0,
-        attention_dropout=0.0, **SMALL)),
+    "distilbert": (
+        tf.DistilBertForMaskedLM,
+        lambda: tf.DistilBertConfig(
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **SMALL,
+        ),
+    ),
     "albert": (tf.AlbertForMaskedLM, lambda: tf.AlbertConfig(embedding_size=16, **BERT_LIKE)),
     "electra": (tf.ElectraForMaskedLM, lambda: tf.ElectraConfig(embedding_size=16, **BERT_LIKE)),
 }

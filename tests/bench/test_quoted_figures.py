@@ -25,8 +25,9 @@ def _rendered() -> dict[str, str]:
     tables = {}
     for path in sorted(RESULTS.glob("*/*/bench.json")):
         report = json.loads(path.read_text())
-        tables[str(path.with_suffix(".md").relative_to(RESULTS))] = markdown(report["rows"], report["targets"],
-                                                                           report["conditions"])
+        tables[str(path.with_suffix(".md").relative_to(RESULTS))] = markdown(
+            report["rows"], report["targets"], report["conditions"]
+        )
     for folder in sorted({path.parent.parent for path in RESULTS.glob("*/*/bench.json")}):
         tables[str((folder / BY_CPU_FILE).relative_to(RESULTS))] = markdown_by_cpu(load_results(folder))
     return tables
@@ -45,7 +46,9 @@ def test_quoted_ratios_and_table_rows_come_from_the_committed_results():
     for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         text = doc.read_text()
         quoted = set(RATIO.findall(text)) | set(RANGE.findall(text))
-        assert quoted <= produced, f"{doc.name} quotes ratios or ranges no committed result has: {sorted(quoted - produced)}"
+        assert quoted <= produced, (
+            f"{doc.name} quotes ratios or ranges no committed result has: {sorted(quoted - produced)}"
+        )
         rows = [line for line in text.splitlines() if WORKLOAD_ROW.match(line)]
         missing = [row for row in rows if row not in rendered]
         assert not missing, f"{doc.name} has result rows no committed result renders: {missing}"

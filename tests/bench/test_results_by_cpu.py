@@ -16,16 +16,32 @@ from ort_hf.whole_run import break_even_steps, whole_run_s
 
 
 def _run(variant, samples_per_s, first_step_s, step_s, rnd=0):
-    return {"status": "ok", "workload": "mlm", "variant": variant, "round": rnd, "engine": variant,
-            "samples_per_s": samples_per_s, "tokens_per_s": 100.0, "step_times_s": [step_s] * 3,
-            "first_step_s": first_step_s, "train_runtime_s": first_step_s + 3 * step_s, "final_step": 4,
-            "final_loss": 7.0, "losses": [(4, 7.0)]}
+    return {
+        "status": "ok",
+        "workload": "mlm",
+        "variant": variant,
+        "round": rnd,
+        "engine": variant,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": 100.0,
+        "step_times_s": [step_s] * 3,
+        "first_step_s": first_step_s,
+        "train_runtime_s": first_step_s + 3 * step_s,
+        "final_step": 4,
+        "final_loss": 7.0,
+        "losses": [(4, 7.0)],
+    }
 
 
 def _report(record, ort_speed, first_step_s=5.0):
     rows = summarize([_run("eager", 4.0, 2.0, 1.0), _run("ort", 4.0 * ort_speed, first_step_s, 1.0 / ort_speed)])
-    conditions = {"cpu": record, "command": "ort-hf bench", "date": "2026-11-26T00:00", "tree": "abc1234",
-                  "settings": "1 rounds, dropout model default"}
+    conditions = {
+        "cpu": record,
+        "command": "ort-hf bench",
+        "date": "2026-11-26T00:00",
+        "tree": "abc1234",
+        "settings": "1 rounds, dropout model default",
+    }
     return {"conditions": conditions, "rows": rows, "targets": [], "runs": []}
 
 
@@ -68,8 +84,9 @@ def test_rendering_two_cpu_kinds_keeps_both_with_their_own_targets(tmp_path):
     (tmp_path / arm["key"]).mkdir()
     (tmp_path / arm["key"] / "bench.json").write_text(json.dumps(_report(arm, 1.2)))
     text = write_by_cpu(tmp_path).read_text()
-    assert ("| workload | variant | AMD EPYC, AVX2, 2 cores | Intel Xeon, AVX512, 2 cores | Neoverse-N1, DEFAULT, "
-            "4 cores |") in text
+    assert (
+        "| workload | variant | AMD EPYC, AVX2, 2 cores | Intel Xeon, AVX512, 2 cores | Neoverse-N1, DEFAULT, 4 cores |"
+    ) in text
     row = next(line for line in text.splitlines() if line.startswith("| mlm | ort |"))
     assert "2.61x" in row and "1.79x" in row and "1.20x" in row
     assert markdown_by_cpu([(arm, _report(arm, 1.2))]).count(" cores |") == 1  # one kind, one column

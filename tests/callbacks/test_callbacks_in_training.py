@@ -20,13 +20,23 @@ def _padded_dataset(n=32):
     lengths = torch.randint(4, 17, (n,), generator=gen)
     mask = (torch.arange(16)[None, :] < lengths[:, None]).long()
     ids = ids * mask  # pad id 0
-    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
-                              "labels": (ids[:, 0] > 50).long().tolist()}), float(mask.float().mean())
+    return Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": (ids[:, 0] > 50).long().tolist()}
+    ), float(mask.float().mean())
 
 
 def _common(out):
-    return dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=32, learning_rate=1e-3,
-                logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=0)
+    return dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=32,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
 
 
 def _history(trainer):
@@ -37,9 +47,11 @@ def _history(trainer):
 
 def test_ort_trainer_logs_density_and_memory(tmp_path):
     data, density = _padded_dataset()
-    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]),
-                         args=ORTTrainingArguments(**_common(tmp_path), ort_fallback="disable", ort_log_level="ERROR"),
-                         train_dataset=data)
+    trainer = ORTTrainer(
+        model=build(FAMILIES["bert-cls"]),
+        args=ORTTrainingArguments(**_common(tmp_path), ort_fallback="disable", ort_log_level="ERROR"),
+        train_dataset=data,
+    )
     trainer.train()
     assert trainer.ort_engine.engine_status().backend == "ort"
     history = _history(trainer)
@@ -59,8 +71,12 @@ def test_ort_trainer_logs_density_and_memory(tmp_path):
 
 def test_same_callbacks_under_plain_trainer(tmp_path):
     data, density = _padded_dataset()
-    trainer = Trainer(model=build(FAMILIES["bert-cls"]), args=TrainingArguments(**_common(tmp_path)),
-                      train_dataset=data, callbacks=[InputDensityCallback(), MemoryObserverCallback()])
+    trainer = Trainer(
+        model=build(FAMILIES["bert-cls"]),
+        args=TrainingArguments(**_common(tmp_path)),
+        train_dataset=data,
+        callbacks=[InputDensityCallback(), MemoryObserverCallback()],
+    )
     trainer.train()
     history = _history(trainer)
     assert abs(history[-1]["density/embed"] - density) < 1e-4
@@ -71,8 +87,13 @@ def test_callbacks_observe_and_never_change_training(tmp_path):
     data, _ = _padded_dataset()
     losses = {}
     for on in (True, False):
-        args = ORTTrainingArguments(**_common(tmp_path / str(on)), ort_fallback="disable", ort_log_level="ERROR",
-                                    ort_density_callback=on, ort_memory_callback=on)
+        args = ORTTrainingArguments(
+            **_common(tmp_path / str(on)),
+            ort_fallback="disable",
+            ort_log_level="ERROR",
+            ort_density_callback=on,
+            ort_memory_callback=on,
+        )
         trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
         trainer.train()
         losses[on] = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -16,8 +16,13 @@ def _padded_dataset(n=16):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 100, (n, 12), generator=gen)
     mask = (torch.arange(12)[None, :] < torch.randint(4, 13, (n,), generator=gen)[:, None]).long()
-    return Dataset.from_dict({"input_ids": (ids * mask).tolist(), "attention_mask": mask.tolist(),
-                              "labels": (ids[:, 0] > 50).long().tolist()})
+    return Dataset.from_dict(
+        {
+            "input_ids": (ids * mask).tolist(),
+            "attention_mask": mask.tolist(),
+            "labels": (ids[:, 0] > 50).long().tolist(),
+        }
+    )
 
 
 def _log_keys(trainer_cls, args) -> list[list[str]]:
@@ -32,8 +37,9 @@ def _log_keys(trainer_cls, args) -> list[list[str]]:
 def test_with_the_callbacks_off_the_logs_are_trainers(tmp_path, log_facts):
     common = dict(max_steps=2, per_device_train_batch_size=8, learning_rate=1e-3)
     plain = _log_keys(Trainer, tiny_args(TrainingArguments, tmp_path / "plain", **common))
-    ours = _log_keys(ORTTrainer, tiny_args(ORTTrainingArguments, tmp_path / "ort", ort_log_facts=log_facts,
-                                           **OFF, **common))
+    ours = _log_keys(
+        ORTTrainer, tiny_args(ORTTrainingArguments, tmp_path / "ort", ort_log_facts=log_facts, **OFF, **common)
+    )
     if log_facts:  # the facts are what differs
         assert "ort/export_s" in ours[0] and [k for k in ours[0] if not k.startswith("ort/")] == plain[0]
     else:

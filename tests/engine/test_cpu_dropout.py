@@ -24,18 +24,38 @@ def _model(ratio=RATIO, training=True, ratio_as_input=False, mask_reader="Dropou
         inputs.append(helper.make_tensor_value_info("ratio", TensorProto.FLOAT, []))
     else:
         inits.append(helper.make_tensor("ratio", TensorProto.FLOAT, [], [ratio]))
-    nodes = [helper.make_node("Dropout", ["x", "ratio", "training"], ["y", "mask"], name="drop"),
-             helper.make_node("Dropout", ["x", "ratio", "training"], ["y2", "mask2"], name="drop2")]
+    nodes = [
+        helper.make_node("Dropout", ["x", "ratio", "training"], ["y", "mask"], name="drop"),
+        helper.make_node("Dropout", ["x", "ratio", "training"], ["y2", "mask2"], name="drop2"),
+    ]
     if mask_reader == "DropoutGrad":
-        nodes += [helper.make_node("DropoutGrad", ["dy", "mask", "ratio", "training"], ["dx"], domain="com.microsoft"),
-                  helper.make_node("DropoutGrad", ["dy", "mask2", "ratio", "training"], ["dx2"], domain="com.microsoft")]
+        nodes += [
+            helper.make_node("DropoutGrad", ["dy", "mask", "ratio", "training"], ["dx"], domain="com.microsoft"),
+            helper.make_node("DropoutGrad", ["dy", "mask2", "ratio", "training"], ["dx2"], domain="com.microsoft"),
+        ]
     else:  # the mask read by something else: the pair must stay ORT's
-        nodes += [helper.make_node("Cast", ["mask"], ["dx"], to=dtype), helper.make_node("Cast", ["mask2"], ["dx2"], to=dtype)]
+        nodes += [
+            helper.make_node("Cast", ["mask"], ["dx"], to=dtype),
+            helper.make_node("Cast", ["mask2"], ["dx2"], to=dtype),
+        ]
     outputs = [helper.make_tensor_value_info(name, dtype, [N]) for name in ("y", "dx", "y2", "dx2")]
-    graph = helper.make_graph(nodes, "g", inputs, outputs, inits, value_info=[
-        helper.make_tensor_value_info(name, TensorProto.BOOL, [N]) for name in ("mask", "mask2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1),
-                                                   helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        outputs,
+        inits,
+        value_info=[helper.make_tensor_value_info(name, TensorProto.BOOL, [N]) for name in ("mask", "mask2")],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 16),
+            helper.make_opsetid("com.microsoft", 1),
+            helper.make_opsetid("org.pytorch.aten", 1),
+        ],
+        ir_version=8,
+    )
 
 
 def _session(model):
@@ -86,18 +106,32 @@ def test_masks_follow_the_seed_not_the_threads():
     assert not np.array_equal(session.run(None, feeds)[0] != 0, masks[1])
 
 
-@pytest.mark.parametrize("change", [dict(ratio_as_input=True), dict(training=False), dict(ratio=0.0),
-                                    dict(mask_reader="Cast"), dict(dtype=TensorProto.DOUBLE)],
-                         ids=["ratio-not-constant", "inference-mode", "ratio-zero", "mask-read-elsewhere", "float64"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(ratio_as_input=True),
+        dict(training=False),
+        dict(ratio=0.0),
+        dict(mask_reader="Cast"),
+        dict(dtype=TensorProto.DOUBLE),
+    ],
+    ids=["ratio-not-constant", "inference-mode", "ratio-zero", "mask-read-elsewhere", "float64"],
+)
 def test_what_it_cannot_translate_stays_with_ort(change):
     model = _model(**change)
     assert swap_kernels(model.graph) == {}
     assert [n.op_type for n in model.graph.node].count("Dropout") == 2
 
 
-@pytest.mark.parametrize("options, wanted", [(dict(), True), (dict(cpu_dropout_kernels=False), False),
-                                             (dict(memory_opt_level=1), False),
-                                             (dict(memory_opt_plans=["BiasGelu+:1:-1"]), False)])
+@pytest.mark.parametrize(
+    "options, wanted",
+    [
+        (dict(), True),
+        (dict(cpu_dropout_kernels=False), False),
+        (dict(memory_opt_level=1), False),
+        (dict(memory_opt_plans=["BiasGelu+:1:-1"]), False),
+    ],
+)
 def test_recompute_keeps_orts_dropout_which_it_can_redraw(options, wanted):
     from ort_hf.engine.export_record import ExportRecord
     from ort_hf.engine.options import ORTOptions

@@ -103,22 +103,49 @@ def _model(rows=ROWS, table="weight"):
     """The embedding's lookup and its gradient, as ORT's training graph holds them: the table is the
     graph input ``weight`` (a parameter), or with ``table="activation"`` a tensor the graph computes
     (as padding elimination's row gathers look up)."""
-    consts = [helper.make_tensor(name, TensorProto.INT64, [], [value]) for name, value in
-              (("num_weights", rows), ("padding_idx", PAD))]
+    consts = [
+        helper.make_tensor(name, TensorProto.INT64, [], [value])
+        for name, value in (("num_weights", rows), ("padding_idx", PAD))
+    ]
     consts += [helper.make_tensor(name, TensorProto.BOOL, [], [False]) for name in ("scale", "sparse")]
     lookup = [helper.make_node("Identity", ["weight"], ["activation"])] if table == "activation" else []
-    lookup.append(helper.make_node("ATen", [table, "indices", "padding_idx", "scale", "sparse"], ["rows"], name="emb",
-                                   domain="org.pytorch.aten", operator="embedding", overload_name=""))
-    node = helper.make_node("ATen", ["grad", "indices", "num_weights", "padding_idx", "scale", "sparse"], ["weight_grad"],
-                            name="emb_grad", domain="org.pytorch.aten", operator="embedding_backward", overload_name="")
+    lookup.append(
+        helper.make_node(
+            "ATen",
+            [table, "indices", "padding_idx", "scale", "sparse"],
+            ["rows"],
+            name="emb",
+            domain="org.pytorch.aten",
+            operator="embedding",
+            overload_name="",
+        )
+    )
+    node = helper.make_node(
+        "ATen",
+        ["grad", "indices", "num_weights", "padding_idx", "scale", "sparse"],
+        ["weight_grad"],
+        name="emb_grad",
+        domain="org.pytorch.aten",
+        operator="embedding_backward",
+        overload_name="",
+    )
     graph = helper.make_graph(
-        [*lookup, node], "g", [helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
-                               helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9]),
-                               helper.make_tensor_value_info("weight", TensorProto.FLOAT, [ROWS, DIM])],
-        [helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [rows, DIM]),
-         helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 9, DIM])], consts)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16),
-                                                   helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
+        [*lookup, node],
+        "g",
+        [
+            helper.make_tensor_value_info("grad", TensorProto.FLOAT, [4, 9, DIM]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 9]),
+            helper.make_tensor_value_info("weight", TensorProto.FLOAT, [ROWS, DIM]),
+        ],
+        [
+            helper.make_tensor_value_info("weight_grad", TensorProto.FLOAT, [rows, DIM]),
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 9, DIM]),
+        ],
+        consts,
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8
+    )
 
 
 def test_swapped_node_computes_atens_values_in_a_session():
@@ -143,8 +170,9 @@ def test_a_table_without_rows_gives_atens_empty_gradient_in_a_session():
     assert swap_kernels(model.graph) == {"ATen": 1}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     grad, indices = _inputs(10)
-    got = session.run(["weight_grad"], {"grad": grad.numpy(), "indices": indices.numpy(),
-                                        "weight": np.zeros((ROWS, DIM), np.float32)})[0]
+    got = session.run(
+        ["weight_grad"], {"grad": grad.numpy(), "indices": indices.numpy(), "weight": np.zeros((ROWS, DIM), np.float32)}
+    )[0]
     want = torch.ops.aten.embedding_backward(grad, indices, 0, PAD, False, False)
     assert got.shape == (0, DIM) and tuple(want.shape) == (0, DIM)
 

@@ -14,21 +14,38 @@ N, C = 12, 7
 
 
 def _model(reduction: str, weights: bool, ignore_as_input: bool = False):
-    inputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [N, C]),
-              helper.make_tensor_value_info("labels", TensorProto.INT64, [N])]
+    inputs = [
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, [N, C]),
+        helper.make_tensor_value_info("labels", TensorProto.INT64, [N]),
+    ]
     inits = [helper.make_tensor("weight", TensorProto.FLOAT, [C], np.linspace(0.5, 2.0, C).tolist())]
     if ignore_as_input:
         inputs.append(helper.make_tensor_value_info("ignore", TensorProto.INT64, []))
     else:
         inits.append(helper.make_tensor("ignore", TensorProto.INT64, [], [-100]))
-    node = helper.make_node("SoftmaxCrossEntropyLossInternal", ["scores", "labels", "weight" if weights else "", "ignore"],
-                            ["loss", "log_prob"], domain="com.microsoft", name="sce", reduction=reduction,
-                            output_type=TensorProto.FLOAT)
+    node = helper.make_node(
+        "SoftmaxCrossEntropyLossInternal",
+        ["scores", "labels", "weight" if weights else "", "ignore"],
+        ["loss", "log_prob"],
+        domain="com.microsoft",
+        name="sce",
+        reduction=reduction,
+        output_type=TensorProto.FLOAT,
+    )
     loss_shape = [N] if reduction == "none" else []
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, loss_shape),
-                              helper.make_tensor_value_info("log_prob", TensorProto.FLOAT, [N, C])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)],
-                             ir_version=8)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        inputs,
+        [
+            helper.make_tensor_value_info("loss", TensorProto.FLOAT, loss_shape),
+            helper.make_tensor_value_info("log_prob", TensorProto.FLOAT, [N, C]),
+        ],
+        inits,
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)], ir_version=8
+    )
 
 
 def _run(model, feeds):
@@ -42,8 +59,10 @@ def _run(model, feeds):
 @pytest.mark.parametrize("weights", [False, True])
 def test_swap_computes_what_ort_computes(reduction, weights):
     rng = np.random.default_rng(0)
-    feeds = {"scores": (rng.standard_normal((N, C)) * 3).astype(np.float32),
-             "labels": rng.integers(0, C, N).astype(np.int64)}
+    feeds = {
+        "scores": (rng.standard_normal((N, C)) * 3).astype(np.float32),
+        "labels": rng.integers(0, C, N).astype(np.int64),
+    }
     feeds["labels"][::4] = -100
     model = _model(reduction, weights)
     expected = _run(model, feeds)
@@ -71,15 +90,24 @@ def _bias_gelu_grad_model(dtype=TensorProto.FLOAT):
     inputs.append(helper.make_tensor_value_info("bias", dtype, [hidden]))
     node = helper.make_node("BiasGeluGrad_dX", ["dy", "x", "bias"], ["dx"], domain="com.microsoft")
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dx", dtype, [rows, hidden])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1),
-                                                   helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8)
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 16),
+            helper.make_opsetid("com.microsoft", 1),
+            helper.make_opsetid("org.pytorch.aten", 1),
+        ],
+        ir_version=8,
+    )
 
 
 def test_bias_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_nodes_run):
     rng = np.random.default_rng(0)
-    feeds = {"dy": rng.standard_normal((33, 48)).astype(np.float32),
-             "x": (rng.standard_normal((33, 48)) * 3).astype(np.float32),
-             "bias": rng.standard_normal(48).astype(np.float32)}
+    feeds = {
+        "dy": rng.standard_normal((33, 48)).astype(np.float32),
+        "x": (rng.standard_normal((33, 48)) * 3).astype(np.float32),
+        "bias": rng.standard_normal(48).astype(np.float32),
+    }
     model = _bias_gelu_grad_model()
     expected = _run(model, feeds)
     assert swap_kernels(model.graph) == {"BiasGeluGrad_dX": 1}
@@ -95,20 +123,33 @@ def test_a_bias_gelu_gradient_of_another_precision_stays_with_ort():
 def _conv_grad_model(spatial: list[int], kernel: list[int], group: int, channels=8, outputs=("dx", "dw"), **attrs):
     """ORT's ConvGrad for a convolution of ``channels`` channels in ``group`` groups (as many out)."""
     x_shape, w_shape = [2, channels, *spatial], [channels, channels // group, *kernel]
-    node = helper.make_node("ConvGrad", ["dy", "x", "w"], list(outputs), domain="com.microsoft", name="conv_grad",
-                            kernel_shape=kernel, group=group, **attrs)
+    node = helper.make_node(
+        "ConvGrad",
+        ["dy", "x", "w"],
+        list(outputs),
+        domain="com.microsoft",
+        name="conv_grad",
+        kernel_shape=kernel,
+        group=group,
+        **attrs,
+    )
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("dy", "x", "w")]
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                                                    for o in outputs if o])
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs if o]
+    )
     opsets = [helper.make_opsetid("", 16), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8), x_shape, w_shape
 
 
-@pytest.mark.parametrize("group,attrs,bias", [
-    (8, dict(pads=[4, 4]), False),  # depthwise, "same" length: ConvBERT's SeparableConv1D
-    (4, dict(pads=[1, 2], strides=[2], dilations=[2]), True),
-    (2, dict(), True),
-], ids=["depthwise", "strided-dilated-with-bias", "unpadded"])
+@pytest.mark.parametrize(
+    "group,attrs,bias",
+    [
+        (8, dict(pads=[4, 4]), False),  # depthwise, "same" length: ConvBERT's SeparableConv1D
+        (4, dict(pads=[1, 2], strides=[2], dilations=[2]), True),
+        (2, dict(), True),
+    ],
+    ids=["depthwise", "strided-dilated-with-bias", "unpadded"],
+)
 def test_grouped_1d_conv_gradient_runs_as_2d_with_torchs_values(group, attrs, bias):
     # ORT's 1-D ConvGrad with groups writes past its dX output (cpu_kernel_swaps' docstring); the
     # 2-D form over [N, C, 1, L] clears only its own group's channels.
@@ -118,16 +159,22 @@ def test_grouped_1d_conv_gradient_runs_as_2d_with_torchs_values(group, attrs, bi
     model, x_shape, w_shape = _conv_grad_model([13], [9 if group == 8 else 3], group, outputs=outputs, **attrs)
     assert swap_kernels(model.graph) == {"ConvGrad": 1}
     assert [n.op_type for n in model.graph.node] == ["Constant", *["Unsqueeze"] * 3, "ConvGrad", "Squeeze", "Squeeze"]
-    assert [len(a.ints) for n in model.graph.node if n.op_type == "ConvGrad" for a in n.attribute
-            if a.name == "kernel_shape"] == [2]
+    assert [
+        len(a.ints)
+        for n in model.graph.node
+        if n.op_type == "ConvGrad"
+        for a in n.attribute
+        if a.name == "kernel_shape"
+    ] == [2]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=g, requires_grad=True)
     w = torch.randn(w_shape, generator=g, requires_grad=True)
     b = torch.zeros(w_shape[0], requires_grad=True)
     pads = attrs.get("pads", [0, 0])
     x_in = torch.nn.functional.pad(x, pads)  # torch's conv1d pads both ends alike; ONNX's need not
-    y = torch.nn.functional.conv1d(x_in, w, b, stride=attrs.get("strides", [1])[0],
-                                   dilation=attrs.get("dilations", [1])[0], groups=group)
+    y = torch.nn.functional.conv1d(
+        x_in, w, b, stride=attrs.get("strides", [1])[0], dilation=attrs.get("dilations", [1])[0], groups=group
+    )
     dy = torch.randn(y.shape, generator=g)
     y.backward(dy)
     got = _run(model, {"dy": dy.numpy(), "x": x.detach().numpy(), "w": w.detach().numpy()})
@@ -135,8 +182,9 @@ def test_grouped_1d_conv_gradient_runs_as_2d_with_torchs_values(group, attrs, bi
         np.testing.assert_allclose(value, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spatial,kernel,group", [([13], [3], 1), ([5, 6], [3, 3], 4)],
-                         ids=["ungrouped-1d", "grouped-2d"])
+@pytest.mark.parametrize(
+    "spatial,kernel,group", [([13], [3], 1), ([5, 6], [3, 3], 4)], ids=["ungrouped-1d", "grouped-2d"]
+)
 def test_conv_gradients_ort_computes_right_stay_with_ort(spatial, kernel, group):
     model, _, _ = _conv_grad_model(spatial, kernel, group)
     assert swap_kernels(model.graph) == {}
@@ -163,8 +211,10 @@ def test_a_grouped_3d_conv_gradient_is_refused():
 
 def _gemm_model(with_c: bool = False):
     # what ORT's gradient of a 2-D MatMul emits for a weight: X^T dY, summed over a dynamic count of rows
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 5]),
-              helper.make_tensor_value_info("dy", TensorProto.FLOAT, ["rows", 3])]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 5]),
+        helper.make_tensor_value_info("dy", TensorProto.FLOAT, ["rows", 3]),
+    ]
     if with_c:
         inputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [5, 3]))
     node = helper.make_node("Gemm", ["x", "dy"] + (["c"] if with_c else []), ["dw"], name="gemm", transA=1, alpha=0.5)
@@ -176,8 +226,10 @@ def _gemm_model(with_c: bool = False):
 @pytest.mark.parametrize("rows", [7, 0])
 def test_a_gemm_sums_over_no_rows_once_swapped(rows):
     rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((rows, 5)).astype(np.float32),
-             "dy": rng.standard_normal((rows, 3)).astype(np.float32)}
+    feeds = {
+        "x": rng.standard_normal((rows, 5)).astype(np.float32),
+        "dy": rng.standard_normal((rows, 3)).astype(np.float32),
+    }
     model = _gemm_model()
     if rows:
         expected = _run(model, feeds)[0]

@@ -35,12 +35,24 @@ def test_library_source_is_the_one_the_loader_resolves_not_the_lowest_address(tm
     soname = "libort_hf_probe.so.1"
     for name in ("first", "second"):
         (tmp_path / f"{name}.c").write_text(f"int which(void) {{ return {len(name)}; }}\n")
-        subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(tmp_path / f"{name}.so"),
-                        str(tmp_path / f"{name}.c")], check=True)
+        subprocess.run(
+            [
+                "cc",
+                "-shared",
+                "-fPIC",
+                f"-Wl,-soname,{soname}",
+                "-o",
+                str(tmp_path / f"{name}.so"),
+                str(tmp_path / f"{name}.c"),
+            ],
+            check=True,
+        )
     for order in (("first", "second"), ("second", "first")):
-        probe = (f"import ctypes, os; [ctypes.CDLL(os.path.join({str(tmp_path)!r}, n + '.so'), os.RTLD_GLOBAL) "
-                 f"for n in {order!r}]; from ort_hf.engine.cuda import _already_loaded; "
-                 f"print(_already_loaded({soname!r}))")
+        probe = (
+            f"import ctypes, os; [ctypes.CDLL(os.path.join({str(tmp_path)!r}, n + '.so'), os.RTLD_GLOBAL) "
+            f"for n in {order!r}]; from ort_hf.engine.cuda import _already_loaded; "
+            f"print(_already_loaded({soname!r}))"
+        )
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
         assert out.strip() == str(tmp_path / f"{order[0]}.so")
 
@@ -57,14 +69,18 @@ def torch_precision():
     matmul.fp32_precision, conv.fp32_precision = saved
 
 
-@pytest.mark.parametrize("matmul_precision, conv_precision, expected", [
-    (None, None, "0"),         # torch 2.13's defaults: IEEE matmuls (TF32 convolutions)
-    ("tf32", None, "1"),       # e.g. torch.set_float32_matmul_precision("high")
-    ("tf32", "ieee", "0"),     # ORT has one switch for both: IEEE where torch is IEEE anywhere
-    ("ieee", "tf32", "0"),
-])
-def test_orts_tf32_follows_torchs_fp32_precision(torch_precision, monkeypatch, matmul_precision, conv_precision,
-                                                expected):
+@pytest.mark.parametrize(
+    "matmul_precision, conv_precision, expected",
+    [
+        (None, None, "0"),  # torch 2.13's defaults: IEEE matmuls (TF32 convolutions)
+        ("tf32", None, "1"),  # e.g. torch.set_float32_matmul_precision("high")
+        ("tf32", "ieee", "0"),  # ORT has one switch for both: IEEE where torch is IEEE anywhere
+        ("ieee", "tf32", "0"),
+    ],
+)
+def test_orts_tf32_follows_torchs_fp32_precision(
+    torch_precision, monkeypatch, matmul_precision, conv_precision, expected
+):
     """The provider options ort_hf hands ORT's CUDA session (use_tf32 defaults to on in ORT)."""
     import onnxruntime
 
@@ -78,8 +94,11 @@ def test_orts_tf32_follows_torchs_fp32_precision(torch_precision, monkeypatch, m
     monkeypatch.setattr(cuda, "require_driver", lambda: None)  # no driver here; nothing is loaded
 
     def ort_session_config(self):  # what ORTModule's _get_session_config returns on CUDA
-        return (onnxruntime.SessionOptions(), ["CUDAExecutionProvider", "CPUExecutionProvider"],
-                [{"device_id": "0"}, {}])
+        return (
+            onnxruntime.SessionOptions(),
+            ["CUDAExecutionProvider", "CPUExecutionProvider"],
+            [{"device_id": "0"}, {}],
+        )
 
     _, providers, options = model_hooks._session_config_per_model(ort_session_config)(None)
     assert options == [{"device_id": "0", "use_tf32": expected}, {}]
@@ -89,9 +108,11 @@ def test_orts_tf32_follows_the_legacy_switch_too():
     import subprocess
     import sys
 
-    probe = ("import torch; from ort_hf.engine.cuda import torch_uses_tf32; a = torch_uses_tf32(); "
-             "torch.set_float32_matmul_precision('high'); b = torch_uses_tf32(); "
-             "torch.set_float32_matmul_precision('highest'); print(a, b, torch_uses_tf32())")
+    probe = (
+        "import torch; from ort_hf.engine.cuda import torch_uses_tf32; a = torch_uses_tf32(); "
+        "torch.set_float32_matmul_precision('high'); b = torch_uses_tf32(); "
+        "torch.set_float32_matmul_precision('highest'); print(a, b, torch_uses_tf32())"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True", "False"]
 
@@ -107,18 +128,27 @@ def test_memcpy_nodes_are_read_from_orts_saved_execution_model(tmp_path):
 
     from ort_hf.engine import ORTOptions, wrap_model
 
-    wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="disable", log_level="ERROR",
-                                                                 save_onnx=True, onnx_dir=str(tmp_path / "ort")))
+    wrapped = wrap_model(
+        build(FAMILIES["bert-cls"]),
+        ORTOptions(fallback="disable", log_level="ERROR", save_onnx=True, onnx_dir=str(tmp_path / "ort")),
+    )
     wrapped.train()
     wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()
     assert wrapped.engine_status().backend == "ort"
     assert memcpy_nodes(tmp_path / "ort") == []
     value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    inner = helper.make_graph([helper.make_node("MemcpyToHost", ["x"], ["y"], name="copy")], "body", [value],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    outer = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=inner, else_branch=inner)], "g",
-                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    inner = helper.make_graph(
+        [helper.make_node("MemcpyToHost", ["x"], ["y"], name="copy")],
+        "body",
+        [value],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    outer = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=inner, else_branch=inner)],
+        "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     (tmp_path / "made").mkdir()
     onnx.save(helper.make_model(outer), str(tmp_path / "made" / "M_execution_model_training.onnx"))
     assert memcpy_nodes(tmp_path / "made") == ["M_execution_model_training.onnx: MemcpyToHost copy (x)"] * 2
@@ -149,8 +179,9 @@ def test_jit_variables_are_set_only_where_unset_and_before_cuda_starts():
     yours = decide_jit_environment({"CUDA_CACHE_MAXSIZE": "1073741824"}, cuda_initialised=False)
     assert yours.set_by_ort_hf == {"CUDA_MODULE_LOADING": "LAZY"}
     assert yours.given == {"CUDA_CACHE_MAXSIZE": "1073741824"}
-    assert describe_jit_environment(yours) == ("CUDA_MODULE_LOADING=LAZY (set by ort_hf), "
-                                               "CUDA_CACHE_MAXSIZE=1073741824 (already set: kept)")
+    assert describe_jit_environment(yours) == (
+        "CUDA_MODULE_LOADING=LAZY (set by ort_hf), CUDA_CACHE_MAXSIZE=1073741824 (already set: kept)"
+    )
     late = decide_jit_environment({}, cuda_initialised=True)
     assert late.set_by_ort_hf == {}
     assert "export CUDA_MODULE_LOADING=LAZY CUDA_CACHE_MAXSIZE=4294967296" in late.warning
@@ -159,13 +190,20 @@ def test_jit_variables_are_set_only_where_unset_and_before_cuda_starts():
     assert native.set_by_ort_hf == {} and native.warning is None
 
 
-@pytest.mark.parametrize("environ, mode, missing", [
-    ({"CUDA_MODULE_LOADING": "LAZY"}, "LAZY", "export CUDA_CACHE_MAXSIZE=4294967296"),  # torch's LAZY, read in time
-    # torch's LAZY set after something else ran cuInit (torch.cuda.is_available()): the driver is eager
-    ({"CUDA_MODULE_LOADING": "LAZY"}, "EAGER", "export CUDA_CACHE_MAXSIZE=4294967296 CUDA_MODULE_LOADING=LAZY"),
-    ({"CUDA_MODULE_LOADING": "EAGER", "CUDA_CACHE_MAXSIZE": "0"}, "EAGER", None),  # the user's choices
-    ({"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "0"}, None, None),  # mode unknown: the environment's word
-])
+@pytest.mark.parametrize(
+    "environ, mode, missing",
+    [
+        ({"CUDA_MODULE_LOADING": "LAZY"}, "LAZY", "export CUDA_CACHE_MAXSIZE=4294967296"),  # torch's LAZY, read in time
+        # torch's LAZY set after something else ran cuInit (torch.cuda.is_available()): the driver is eager
+        ({"CUDA_MODULE_LOADING": "LAZY"}, "EAGER", "export CUDA_CACHE_MAXSIZE=4294967296 CUDA_MODULE_LOADING=LAZY"),
+        ({"CUDA_MODULE_LOADING": "EAGER", "CUDA_CACHE_MAXSIZE": "0"}, "EAGER", None),  # the user's choices
+        (
+            {"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "0"},
+            None,
+            None,
+        ),  # mode unknown: the environment's word
+    ],
+)
 def test_after_cuda_started_the_warning_names_what_did_not_take_effect(environ, mode, missing):
     from ort_hf.engine.cuda_jit import decide_jit_environment
 
@@ -210,18 +248,24 @@ def test_the_cpu_build_sets_no_cuda_variable(monkeypatch):
     assert cuda_jit.apply_jit_environment() is None and dict(os.environ) == before
 
 
-@pytest.mark.parametrize("capability, environ, says", [
-    ((8, 0), {}, "first step 94.2 s: native cubins (ORT's sm_80 build), nothing to JIT-compile"),
-    ((8, 9), {}, "first step 94.2 s: native cubins (ORT's sm_86 build), nothing to JIT-compile"),
-    ((9, 0), {"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "4294967296"},
-     "first step 94.2 s: this GPU's sm_90 has no ORT cubin, so the driver JIT-compiled ORT's compute_86 PTX for "
-     "the kernels it ran (CUDA_MODULE_LOADING=LAZY), or read them from its JIT cache; the JIT cache "
-     "(CUDA_CACHE_MAXSIZE=4294967296, ~/.nv/ComputeCache) keeps them for the next run"),
-    ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "every kernel of the provider (eager module loading)"),
-    ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "(CUDA_CACHE_MAXSIZE=the driver's default, /scratch/jit)"),
-    ((9, 0), {"CUDA_CACHE_DISABLE": "1"}, "the JIT cache is off (CUDA_CACHE_DISABLE=1), so every process compiles"),
-    ((10, 0), {}, "first step 94.2 s: sm_100: not supported"),
-])
+@pytest.mark.parametrize(
+    "capability, environ, says",
+    [
+        ((8, 0), {}, "first step 94.2 s: native cubins (ORT's sm_80 build), nothing to JIT-compile"),
+        ((8, 9), {}, "first step 94.2 s: native cubins (ORT's sm_86 build), nothing to JIT-compile"),
+        (
+            (9, 0),
+            {"CUDA_MODULE_LOADING": "LAZY", "CUDA_CACHE_MAXSIZE": "4294967296"},
+            "first step 94.2 s: this GPU's sm_90 has no ORT cubin, so the driver JIT-compiled ORT's compute_86 PTX for "
+            "the kernels it ran (CUDA_MODULE_LOADING=LAZY), or read them from its JIT cache; the JIT cache "
+            "(CUDA_CACHE_MAXSIZE=4294967296, ~/.nv/ComputeCache) keeps them for the next run",
+        ),
+        ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "every kernel of the provider (eager module loading)"),
+        ((9, 0), {"CUDA_CACHE_PATH": "/scratch/jit"}, "(CUDA_CACHE_MAXSIZE=the driver's default, /scratch/jit)"),
+        ((9, 0), {"CUDA_CACHE_DISABLE": "1"}, "the JIT cache is off (CUDA_CACHE_DISABLE=1), so every process compiles"),
+        ((10, 0), {}, "first step 94.2 s: sm_100: not supported"),
+    ],
+)
 def test_doctor_says_why_the_first_cuda_step_took_its_time(capability, environ, says):
     from ort_hf.engine import first_step_note
 

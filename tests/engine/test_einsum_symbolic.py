@@ -35,20 +35,31 @@ class Einsums(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.scales = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.linspace(0.5, 1.5, shapes[0][-1])) for _, shapes in CASES])
+            [torch.nn.Parameter(torch.linspace(0.5, 1.5, shapes[0][-1])) for _, shapes in CASES]
+        )
 
     def forward(self, target, **operands):
-        outs = [torch.einsum(eq, operands[f"x{i}_0"] * scale, *[operands[f"x{i}_{j}"] for j in range(1, len(shapes))])
-                for i, ((eq, shapes), scale) in enumerate(zip(CASES, self.scales))]
+        outs = [
+            torch.einsum(eq, operands[f"x{i}_0"] * scale, *[operands[f"x{i}_{j}"] for j in range(1, len(shapes))])
+            for i, ((eq, shapes), scale) in enumerate(zip(CASES, self.scales))
+        ]
         loss = sum(((o.float() - target) ** 2).mean() * (k + 1) for k, o in enumerate(outs))
         return Output(loss=loss, out=torch.cat([o.reshape(-1) for o in outs]))
 
 
 def _batches(n=3):
     g = torch.Generator().manual_seed(0)
-    return [{"target": torch.randn((), generator=g),
-             **{f"x{i}_{j}": torch.randn(shape, generator=g) for i, (_, shapes) in enumerate(CASES)
-                for j, shape in enumerate(shapes)}} for _ in range(n)]
+    return [
+        {
+            "target": torch.randn((), generator=g),
+            **{
+                f"x{i}_{j}": torch.randn(shape, generator=g)
+                for i, (_, shapes) in enumerate(CASES)
+                for j, shape in enumerate(shapes)
+            },
+        }
+        for _ in range(n)
+    ]
 
 
 def test_einsum_trains_as_pytorch_without_an_einsum_node():

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # ---- expm1 ---------------------------------------------------------------------------------------
 
+
 class Expm1(torch.nn.Module):
     """xIELU's negative side, ``expm1(min(x, eps))``, on a per-feature scale (a Mul: exact in both)."""
 
@@ -35,8 +36,13 @@ def test_expm1_is_torchs_to_the_bit_and_trains_as_pytorch():
     # Values down to 1e-9 from 0, where Exp(x) - 1 loses every digit (1e-9 -> 0 in float32), and to -30.
     g = torch.Generator().manual_seed(0)
     magnitudes = torch.logspace(-9, 1.5, 16)
-    batches = [{"x": -magnitudes[torch.randint(0, 16, (32, 8), generator=g)] * torch.rand(32, 8, generator=g),
-                "target": torch.randn(32, 8, generator=g)} for _ in range(3)]
+    batches = [
+        {
+            "x": -magnitudes[torch.randint(0, 16, (32, 8), generator=g)] * torch.rand(32, 8, generator=g),
+            "target": torch.randn(32, 8, generator=g),
+        }
+        for _ in range(3)
+    ]
     model = Expm1()
     reference, wrapped = copy.deepcopy(model), wrap_model(copy.deepcopy(model), OPTIONS)
     wrapped.train()
@@ -48,6 +54,7 @@ def test_expm1_is_torchs_to_the_bit_and_trains_as_pytorch():
 
 
 # ---- bitwise and / or / xor ----------------------------------------------------------------------
+
 
 class Masks(torch.nn.Module):
     """The masks' shapes: int32 ``|`` bool (CPM-Ant), int ``&`` a Python int, int ``^`` int, and
@@ -68,12 +75,17 @@ class Masks(torch.nn.Module):
 
 def _mask_batches(n=3, batch=4, length=6):
     g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(batch, length, length, generator=g),
-             # every bit pattern: signs, 0, and values past 16 bits (an inexact decomposition shows)
-             "context": torch.randint(-2**30, 2**30, (batch, length), generator=g, dtype=torch.int32)
-             * torch.randint(0, 2, (batch, length), generator=g, dtype=torch.int32),
-             "span": torch.randint(0, 2, (batch, length), generator=g),
-             "target": torch.randn(batch, length, length, generator=g)} for _ in range(n)]
+    return [
+        {
+            "x": torch.randn(batch, length, length, generator=g),
+            # every bit pattern: signs, 0, and values past 16 bits (an inexact decomposition shows)
+            "context": torch.randint(-(2**30), 2**30, (batch, length), generator=g, dtype=torch.int32)
+            * torch.randint(0, 2, (batch, length), generator=g, dtype=torch.int32),
+            "span": torch.randint(0, 2, (batch, length), generator=g),
+            "target": torch.randn(batch, length, length, generator=g),
+        }
+        for _ in range(n)
+    ]
 
 
 def test_bitwise_ops_are_torchs_and_train_as_pytorch():
@@ -93,6 +105,7 @@ def test_bitwise_ops_are_torchs_and_train_as_pytorch():
 
 # ---- permute with negative dims ------------------------------------------------------------------
 
+
 class NegativePermute(torch.nn.Module):
     """The Mamba-2 mixer's ``L.permute(0, -2, -1, 1)`` (a rank-4 tensor) between two weighted ops."""
 
@@ -107,12 +120,19 @@ class NegativePermute(torch.nn.Module):
 
 def test_permute_with_negative_dims_trains_as_pytorch():
     g = torch.Generator().manual_seed(0)
-    batches = [{"x": torch.randn(2, 3, 4, 5, generator=g) * 0.1,
-                "target": torch.randn(2, 4, 5, 3, generator=g)} for _ in range(3)]
+    batches = [
+        {"x": torch.randn(2, 3, 4, 5, generator=g) * 0.1, "target": torch.randn(2, 4, 5, 3, generator=g)}
+        for _ in range(3)
+    ]
     wrapped = wrap_model(NegativePermute(), OPTIONS)
     wrapped.train()
     wrapped(**batches[0]).loss.backward()
-    perms = [list(a.ints) for n in wrapped.training_graph().graph.node if n.op_type == "Transpose"
-             for a in n.attribute if a.name == "perm"]
+    perms = [
+        list(a.ints)
+        for n in wrapped.training_graph().graph.node
+        if n.op_type == "Transpose"
+        for a in n.attribute
+        if a.name == "perm"
+    ]
     assert [0, 2, 3, 1] in perms and all(d >= 0 for p in perms for d in p), perms
     assert_parity(*run_parity(NegativePermute(), batches, OPTIONS))

@@ -37,8 +37,9 @@ class FourierMixing(torch.nn.Module):
 
 def _batches(lengths=(5, 9, 16), hidden=6):
     g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(2, n, hidden, generator=g), "target": torch.randn(2, n, hidden, generator=g)}
-            for n in lengths]
+    return [
+        {"x": torch.randn(2, n, hidden, generator=g), "target": torch.randn(2, n, hidden, generator=g)} for n in lengths
+    ]
 
 
 def test_real_part_of_fftn_is_torchs_and_trains_as_pytorch():
@@ -90,8 +91,15 @@ def test_real_part_of_fftn_plain_export_runs_as_torch():
 
     model = Mixing().eval()
     buffer = io.BytesIO()
-    torch.onnx.export(model, (torch.randn(2, 5, 6),), buffer, opset_version=17, dynamo=False,
-                      input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "length"}})
+    torch.onnx.export(
+        model,
+        (torch.randn(2, 5, 6),),
+        buffer,
+        opset_version=17,
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "batch", 1: "length"}},
+    )
     session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     x = torch.randn(3, 11, 6)
     got = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])

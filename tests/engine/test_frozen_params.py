@@ -50,8 +50,9 @@ def test_unfreezing_mid_run_rebuilds_the_gradient_graph_without_re_exporting():
     assert wrapped.engine_status().backend == "ort"
     assert max(abs(a - b) for a, b in zip(runs["torch"], runs["ort"])) <= 1e-4
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(value, reference.state_dict()[name], rtol=1e-4, atol=1e-6,
-                                   msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            value, reference.state_dict()[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}"
+        )
     initial = build(FAMILIES["bert-cls"]).bert.embeddings.word_embeddings.weight
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, initial)  # trained once unfrozen
     assert graph_gradients(wrapped) == trainable(model)

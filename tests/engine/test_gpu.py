@@ -80,9 +80,21 @@ def _trainer(tmp_path, ran_on_cuda, **kw):
 
     through_ort = kw.get("use_ort", True) is not False
     saving = {"ort_save_onnx": True, "ort_onnx_dir": str(tmp_path / "onnx")} if through_ort else {}
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=5, per_device_train_batch_size=8, logging_steps=1,
-                                learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", disable_tqdm=True,
-                                ort_fallback="disable", ort_log_level="ERROR", **saving, **kw)
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=5,
+        per_device_train_batch_size=8,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        **saving,
+        **kw,
+    )
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=rule_dataset(32))
     trainer.train()
     if through_ort:
@@ -136,10 +148,12 @@ def test_deepspeed_zero2_fp16_through_ort_matches_plain_deepspeed(tmp_path, reco
 
     script = Path(__file__).resolve().parents[1] / "trainer" / "deepspeed_train.py"
     common = ("--stage", "2", "--fp16", "--module_with_loss", "false")
-    run_all({
-        "ort": torchrun(script, tmp_path / "ort.json", *common, "--onnx_dir", tmp_path / "onnx", nproc=1),
-        "pytorch": torchrun(script, tmp_path / "pt.json", *common, "--use_ort", "false", nproc=1),
-    })
+    run_all(
+        {
+            "ort": torchrun(script, tmp_path / "ort.json", *common, "--onnx_dir", tmp_path / "onnx", nproc=1),
+            "pytorch": torchrun(script, tmp_path / "pt.json", *common, "--use_ort", "false", nproc=1),
+        }
+    )
     (ort, _), (pt, _) = load_result(tmp_path / "ort.json"), load_result(tmp_path / "pt.json")
     assert ort["backends"] == ["ort"] and ort["providers"][0] == "CUDAExecutionProvider"
     record_memcpy_nodes(tmp_path / "onnx", record_property)

@@ -40,10 +40,12 @@ def test_report_lists_the_memcpy_nodes_each_test_recorded(tmp_path):
     from onnx import TensorProto, helper, save
     from parity import MEMCPY_PROPERTY, record_memcpy_nodes
 
-    graph = helper.make_graph([helper.make_node("MemcpyToHost", ["x"], ["y"], name="Memcpy_token_7"),
-                               helper.make_node("Relu", ["y"], ["z"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("MemcpyToHost", ["x"], ["y"], name="Memcpy_token_7"), helper.make_node("Relu", ["y"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])],
+    )
     save(helper.make_model(graph), str(tmp_path / "bert_execution_model_training.onnx"))
     properties = []
     found = record_memcpy_nodes(tmp_path, lambda name, value: properties.append((name, value)))
@@ -52,17 +54,23 @@ def test_report_lists_the_memcpy_nodes_each_test_recorded(tmp_path):
 
     def case(name, recorded):  # a testcase as pytest's JUnit XML writes one with its properties
         props = "".join(f"<property name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in recorded)
-        return (f'<testcase classname="tests.engine.test_gpu" name="{name}" time="1.0">'
-                f"<properties>{props}</properties></testcase>")
+        return (
+            f'<testcase classname="tests.engine.test_gpu" name="{name}" time="1.0">'
+            f"<properties>{props}</properties></testcase>"
+        )
 
     (tmp_path / "junit.xml").write_text(
         '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
         + case("test_fp16", [*properties, (MEMCPY_PROPERTY, "[]")])  # two runs in one test: one list
-        + case("test_parity", [(MEMCPY_PROPERTY, "[]")]) + "</testsuite></testsuites>")
+        + case("test_parity", [(MEMCPY_PROPERTY, "[]")])
+        + "</testsuite></testsuites>"
+    )
     junit = tmp_path / "junit.xml"
     records = gpu_report.recorded(junit)
-    assert records == {"tests.engine.test_gpu::test_fp16": {MEMCPY_PROPERTY: found},
-                       "tests.engine.test_gpu::test_parity": {MEMCPY_PROPERTY: []}}
+    assert records == {
+        "tests.engine.test_gpu::test_fp16": {MEMCPY_PROPERTY: found},
+        "tests.engine.test_gpu::test_parity": {MEMCPY_PROPERTY: []},
+    }
     text = gpu_report.render("ort-hf doctor", gpu_report.test_results(junit), "2 passed", records)
     assert f"| `tests.engine.test_gpu::test_fp16` | passed |  | {MEMCPY_PROPERTY}: 1 |" in text
     assert f"| `tests.engine.test_gpu::test_parity` | passed |  | {MEMCPY_PROPERTY}: 0 |" in text

@@ -99,8 +99,9 @@ class SparsemixerRouter(torch.nn.Module):
 
 def _batches(x_shape, target_shape, n=3):
     g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(*x_shape, generator=g), "target": torch.randn(*target_shape, generator=g)}
-            for _ in range(n)]
+    return [
+        {"x": torch.randn(*x_shape, generator=g), "target": torch.randn(*target_shape, generator=g)} for _ in range(n)
+    ]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -159,34 +160,49 @@ def _graph(nodes, inputs, outputs, value_info=()):
     def info(name, t):
         return helper.make_tensor_value_info(name, t, [2, 2])
 
-    graph = helper.make_graph(nodes, "g", [info(*i) for i in inputs], [info(*o) for o in outputs],
-                              value_info=[info(*v) for v in value_info])
+    graph = helper.make_graph(
+        nodes, "g", [info(*i) for i in inputs], [info(*o) for o in outputs], value_info=[info(*v) for v in value_info]
+    )
     return helper.make_model(graph)
 
 
 def test_drop_noop_casts_keeps_type_changing_casts_and_graph_outputs():
     f, h = TensorProto.FLOAT, TensorProto.FLOAT16
     model = _graph(
-        [helper.make_node("Cast", ["x"], ["same"], to=f), helper.make_node("Mul", ["same", "same"], ["sq"]),
-         helper.make_node("Cast", ["sq"], ["half"], to=h), helper.make_node("Cast", ["x"], ["out"], to=f)],
-        inputs=[("x", f)], outputs=[("half", h), ("out", f)], value_info=[("same", f), ("sq", f)])
+        [
+            helper.make_node("Cast", ["x"], ["same"], to=f),
+            helper.make_node("Mul", ["same", "same"], ["sq"]),
+            helper.make_node("Cast", ["sq"], ["half"], to=h),
+            helper.make_node("Cast", ["x"], ["out"], to=f),
+        ],
+        inputs=[("x", f)],
+        outputs=[("half", h), ("out", f)],
+        value_info=[("same", f), ("sq", f)],
+    )
     assert drop_noop_casts(model) == 1
     onnx.checker.check_model(model)
     assert [(n.op_type, list(n.input)) for n in model.graph.node] == [
-        ("Mul", ["x", "x"]), ("Cast", ["sq"]), ("Cast", ["x"])]
+        ("Mul", ["x", "x"]),
+        ("Cast", ["sq"]),
+        ("Cast", ["x"]),
+    ]
     assert "same" not in {v.name for v in model.graph.value_info}
 
 
 def test_unreachable_parameters_stop_only_at_integer_values():
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     model = _graph(
-        [helper.make_node("MatMul", ["x", "w_score"], ["s"]),
-         helper.make_node("TopK", ["s", "k"], ["top", "idx"], axis=-1),
-         helper.make_node("MatMul", ["x", "w_value"], ["v"]),
-         helper.make_node("Gather", ["v", "idx"], ["picked"], axis=0),
-         helper.make_node("Pow", ["picked", "w_exp"], ["y"])],  # ORT stops at Pow's exponent; kept here
-        inputs=[("x", f), ("w_score", f), ("w_value", f), ("w_exp", f), ("k", i64)], outputs=[("y", f)],
-        value_info=[("s", f), ("top", f), ("idx", i64), ("v", f), ("picked", f)])
+        [
+            helper.make_node("MatMul", ["x", "w_score"], ["s"]),
+            helper.make_node("TopK", ["s", "k"], ["top", "idx"], axis=-1),
+            helper.make_node("MatMul", ["x", "w_value"], ["v"]),
+            helper.make_node("Gather", ["v", "idx"], ["picked"], axis=0),
+            helper.make_node("Pow", ["picked", "w_exp"], ["y"]),
+        ],  # ORT stops at Pow's exponent; kept here
+        inputs=[("x", f), ("w_score", f), ("w_value", f), ("w_exp", f), ("k", i64)],
+        outputs=[("y", f)],
+        value_info=[("s", f), ("top", f), ("idx", i64), ("v", f), ("picked", f)],
+    )
     assert unreachable_parameters(model, ["w_score", "w_value", "w_exp"]) == ["w_score"]
 
 
@@ -197,10 +213,14 @@ def test_drop_empty_concat_inputs_keeps_sized_and_unknown_inputs():
         return helper.make_tensor_value_info(name, f, shape)
 
     graph = helper.make_graph(
-        [helper.make_node("Concat", ["empty", "x", "unknown"], ["y"], axis=-2),
-         helper.make_node("Concat", ["empty", "empty"], ["z"], axis=1)],  # all empty: left as is
-        "g", [info("empty", ["b", 0, 4]), info("x", ["b", 1, 4]), info("unknown", ["b", "n", 4])],
-        [info("y", ["b", None, 4]), info("z", ["b", 0, 4])])
+        [
+            helper.make_node("Concat", ["empty", "x", "unknown"], ["y"], axis=-2),
+            helper.make_node("Concat", ["empty", "empty"], ["z"], axis=1),
+        ],  # all empty: left as is
+        "g",
+        [info("empty", ["b", 0, 4]), info("x", ["b", 1, 4]), info("unknown", ["b", "n", 4])],
+        [info("y", ["b", None, 4]), info("z", ["b", 0, 4])],
+    )
     model = helper.make_model(graph)
     assert drop_empty_concat_inputs(model) == 1
     onnx.checker.check_model(model)
@@ -209,12 +229,19 @@ def test_drop_empty_concat_inputs_keeps_sized_and_unknown_inputs():
 
 def test_detach_function_inputs_detaches_listed_float_inputs_only():
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
-    python_op = helper.make_node("PythonOp", ["s", "idx", "g"], ["y"], "op", domain="com.microsoft",
-                                 func_name="pkg.Fn", input_convention="dcdd")  # arg 1 is a constant
-    graph = helper.make_graph([python_op], "g", [helper.make_tensor_value_info("s", f, [2]),
-                                                 helper.make_tensor_value_info("idx", i64, [2]),
-                                                 helper.make_tensor_value_info("g", f, [2])],
-                              [helper.make_tensor_value_info("y", f, [2])])
+    python_op = helper.make_node(
+        "PythonOp", ["s", "idx", "g"], ["y"], "op", domain="com.microsoft", func_name="pkg.Fn", input_convention="dcdd"
+    )  # arg 1 is a constant
+    graph = helper.make_graph(
+        [python_op],
+        "g",
+        [
+            helper.make_tensor_value_info("s", f, [2]),
+            helper.make_tensor_value_info("idx", i64, [2]),
+            helper.make_tensor_value_info("g", f, [2]),
+        ],
+        [helper.make_tensor_value_info("y", f, [2])],
+    )
     model = helper.make_model(graph)
     assert detach_function_inputs(model, {"pkg.Fn": (2, 3)}) == 1  # arg 2 is the int tensor: left
     (detach, op) = model.graph.node

@@ -44,8 +44,9 @@ def test_names_the_baked_size_and_the_line_that_read_it():
     assert node.values == ([[[float(i)] for i in range(9)]], [[[float(i)] for i in range(7)]])
     # the exporter folds arange and the indexing into one Constant, traced at the line that reads it
     assert node.source.startswith(f"{__file__}:") and "positions[None, :, None]" in node.source, node.source
-    assert any(w.startswith(f"{__file__}:") and "Converting a tensor to a Python integer" in w
-               for w in report.tracer_warnings), report.tracer_warnings  # the int() that froze it
+    assert any(
+        w.startswith(f"{__file__}:") and "Converting a tensor to a Python integer" in w for w in report.tracer_warnings
+    ), report.tracer_warnings  # the int() that froze it
     assert "differs between sequence lengths 9 and 7" in str(report)
 
 
@@ -128,8 +129,15 @@ def test_chunk_along_a_dynamic_axis_keeps_its_sizes_dynamic(tmp_path):
     assert not report, str(report)
     path = tmp_path / "chunk.onnx"
     batch = _ids(2, 12)
-    torch.onnx.export(model, tuple(batch.values()), str(path), input_names=list(batch), opset_version=16, dynamo=False,
-                      dynamic_axes={name: {0: "batch", 1: "sequence"} for name in batch})
+    torch.onnx.export(
+        model,
+        tuple(batch.values()),
+        str(path),
+        input_names=list(batch),
+        opset_version=16,
+        dynamo=False,
+        dynamic_axes={name: {0: "batch", 1: "sequence"} for name in batch},
+    )
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for length in (9, 14):  # odd: chunks of 5 and 4
         batch = _ids(3, length)
@@ -155,8 +163,14 @@ class MergeRows(nn.Module):
 @pytest.mark.parametrize("alpha", [1.0, 0.5])  # torch's symbolic: the last repeat wins / refused
 def test_index_add_sums_repeated_indices_and_trains_both_inputs(alpha):
     g = torch.Generator().manual_seed(0)
-    batches = [{"x": torch.randn(n, 4, generator=g), "index": torch.randint(0, 6, (n,), generator=g),
-                "target": torch.randn(6, 4, generator=g)} for n in (9, 14, 5)]
+    batches = [
+        {
+            "x": torch.randn(n, 4, generator=g),
+            "index": torch.randint(0, 6, (n,), generator=g),
+            "target": torch.randn(6, 4, generator=g),
+        }
+        for n in (9, 14, 5)
+    ]
     assert all(len(set(b["index"].tolist())) < len(b["index"]) for b in batches)  # repeated rows
     torch.manual_seed(0)
     options = ORTOptions(fallback="disable", log_level="ERROR", preflight="never")

@@ -42,8 +42,10 @@ class Regression(torch.nn.Module):
 def _batches(shapes, n=3, seed=0, scale=1.0):
     """``n`` batches; ``shapes(step)`` gives (x shape, target shape), so lengths may change per step."""
     g = torch.Generator().manual_seed(seed)
-    return [{"x": torch.randn(*shapes(i)[0], generator=g) * scale, "target": torch.randn(*shapes(i)[1], generator=g)}
-            for i in range(n)]
+    return [
+        {"x": torch.randn(*shapes(i)[0], generator=g) * scale, "target": torch.randn(*shapes(i)[1], generator=g)}
+        for i in range(n)
+    ]
 
 
 def _outputs_match(model, batches, atol):
@@ -59,6 +61,7 @@ def _outputs_match(model, batches, atol):
 
 # ---- histc ---------------------------------------------------------------------------------------
 
+
 class Histogram(torch.nn.Module):
     def __init__(self, bins, low, high):
         super().__init__()
@@ -70,17 +73,26 @@ class Histogram(torch.nn.Module):
         return Output(loss=(self.lin(x) * counts).mean(), out=counts)
 
 
-@pytest.mark.parametrize("bins,low,high", [(4, 0, 3), (4, 0, 4), (7, -1.3, 2.9)],
-                         ids=["grouped-experts", "load-balancing", "float-range"])
+@pytest.mark.parametrize(
+    "bins,low,high", [(4, 0, 3), (4, 0, 4), (7, -1.3, 2.9)], ids=["grouped-experts", "load-balancing", "float-range"]
+)
 def test_histc_counts_as_torch(bins, low, high):
     # transformers: histc(ids.float(), bins=E, min=0, max=E - 1) (grouped_mm experts) and max=E
     # (load-balancing losses). Values on every bin edge, outside the range, NaN and inf included.
     g = torch.Generator().manual_seed(0)
     batches = []
     for n in (40, 57, 23):
-        values = torch.cat([torch.randn(n, generator=g) * 3, torch.randint(-1, bins + 2, (n,), generator=g).float(),
-                            torch.linspace(low, high, bins + 1), torch.tensor([float("nan"), float("inf"), -5.0])])
-        batches.append({"x": torch.randn(4, 8, generator=g), "values": values[torch.randperm(len(values), generator=g)]})
+        values = torch.cat(
+            [
+                torch.randn(n, generator=g) * 3,
+                torch.randint(-1, bins + 2, (n,), generator=g).float(),
+                torch.linspace(low, high, bins + 1),
+                torch.tensor([float("nan"), float("inf"), -5.0]),
+            ]
+        )
+        batches.append(
+            {"x": torch.randn(4, 8, generator=g), "values": values[torch.randperm(len(values), generator=g)]}
+        )
     model = Histogram(bins, low, high)
     reference = copy.deepcopy(model)
     wrapped = wrap_model(model, OPTIONS)
@@ -97,6 +109,7 @@ def test_histc_counts_as_torch(bins, low, high):
 
 
 # ---- _grouped_mm ---------------------------------------------------------------------------------
+
 
 class GroupedExperts(torch.nn.Module):
     """transformers' grouped_mm experts in small: top-1 routing, tokens sorted by expert, counted
@@ -130,6 +143,7 @@ def test_grouped_mm_trains_as_pytorch():
 
 
 # ---- rms_norm ------------------------------------------------------------------------------------
+
 
 class Normed(torch.nn.Module):
     def __init__(self, norm, width=16):
@@ -185,6 +199,7 @@ def test_rms_norm_plain_export_is_standard_onnx():
 
 # ---- softplus ------------------------------------------------------------------------------------
 
+
 class Softplus(torch.nn.Module):
     def __init__(self, beta, threshold):
         super().__init__()
@@ -207,6 +222,7 @@ def test_softplus_trains_as_pytorch(beta, threshold):
 
 
 # ---- exponential / uniform -----------------------------------------------------------------------
+
 
 class Noisy(torch.nn.Module):
     """PhiMoE's Gumbel draw (``-empty_like(x).exponential_().log()``) and a uniform one, read after it."""
@@ -278,6 +294,7 @@ def test_same_padding_convolution_trains_as_pytorch(case):
 
 # ---- linalg_solve_triangular ---------------------------------------------------------------------
 
+
 class TriangularSolve(torch.nn.Module):
     """``solve_triangular(A, lin(x))`` with a trained full matrix ``A`` (the solver reads one triangle:
     the gradient of the other must be zero, as torch's is); ``A`` may broadcast over ``x``'s batch."""
@@ -315,6 +332,7 @@ def test_solve_triangular_trains_as_pytorch(case):
 
 
 # ---- scatter -------------------------------------------------------------------------------------
+
 
 class TopKMask(torch.nn.Module):
     """The sparse-attention indexers' mask (``ones(bool).scatter(-1, top, False)``), and a scatter of

@@ -111,8 +111,10 @@ def test_intra_op_threads_and_spinning_reach_the_training_session(threads, spinn
     back from the live session."""
     from tiny_models import FAMILIES, build, make_batch
 
-    wrapped = wrap_model(build(FAMILIES["bert-cls"]), ORTOptions(fallback="disable", log_level="ERROR",
-                                                                 intra_op_threads=threads, intra_op_spinning=spinning))
+    wrapped = wrap_model(
+        build(FAMILIES["bert-cls"]),
+        ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=threads, intra_op_spinning=spinning),
+    )
     wrapped.train()
     assert wrapped.session_threading() is None  # no session before the first step
     wrapped(**make_batch("cls", torch.Generator().manual_seed(0))).loss.backward()

@@ -10,8 +10,10 @@ from ort_hf.engine import ORTOptions, wrap_model
 
 
 def _ragged(task, gen, steps=3, pad_left=False):
-    return [ragged_batch([SEQ, *torch.randint(2, SEQ - 4, (BATCH - 1,), generator=gen).tolist()], task, gen, pad_left)
-            for _ in range(steps)]
+    return [
+        ragged_batch([SEQ, *torch.randint(2, SEQ - 4, (BATCH - 1,), generator=gen).tolist()], task, gen, pad_left)
+        for _ in range(steps)
+    ]
 
 
 def _unpadded_matmuls(wrapped) -> int:
@@ -38,8 +40,12 @@ def test_not_applied_where_it_does_not_pay_or_is_turned_off():
     sparse_labels = _ragged("mlm", gen, steps=1)[0]
     sparse_labels["labels"][:, 2:] = -100  # masked-LM labels: ORT's label sparsity shrinks the head instead
     left = _ragged("mlm", gen, steps=1, pad_left=True)[0]  # a causal shift would read a padding position
-    for batch, options in ((dense, STRICT), (sparse_labels, STRICT), (left, STRICT),
-                           (_ragged("mlm", gen, steps=1)[0], ORTOptions(fallback="disable", eliminate_padding=False))):
+    for batch, options in (
+        (dense, STRICT),
+        (sparse_labels, STRICT),
+        (left, STRICT),
+        (_ragged("mlm", gen, steps=1)[0], ORTOptions(fallback="disable", eliminate_padding=False)),
+    ):
         wrapped = wrap_model(build(fam), options)
         wrapped.train()
         wrapped(**batch).loss.backward()

@@ -44,8 +44,14 @@ def _own_nodes(wrapped) -> list[str]:
 def test_cpu_graph_gets_every_swap_a_cuda_decision_none(monkeypatch, caplog):
     cpu = _wrapped()
     _step(cpu)
-    assert set(cpu._record.swapped) >= {"Dropout", "DropoutGrad", "ATen", "SoftmaxCrossEntropyLossInternal",
-                                        "BiasGeluGrad_dX", "Gemm"}
+    assert set(cpu._record.swapped) >= {
+        "Dropout",
+        "DropoutGrad",
+        "ATen",
+        "SoftmaxCrossEntropyLossInternal",
+        "BiasGeluGrad_dX",
+        "Gemm",
+    }
     assert _own_nodes(cpu)
 
     _fake_device(monkeypatch, "cuda")
@@ -100,10 +106,17 @@ class _Placed(torch.nn.Module):
         return iter([type("P", (), {"device": d})() for d in self.devices])
 
 
-@pytest.mark.parametrize("devices, expected", [(("cpu", "cpu"), "cpu"), (("cuda:0", "cuda:1"), "cuda"),
-                                               (("cuda:0", "meta"), "cuda"), ((), "cpu"),
-                                               (("cuda:0", "cpu"), "parameters on cpu and cuda"),
-                                               (("xpu",), "trains on cpu or cuda only")])
+@pytest.mark.parametrize(
+    "devices, expected",
+    [
+        (("cpu", "cpu"), "cpu"),
+        (("cuda:0", "cuda:1"), "cuda"),
+        (("cuda:0", "meta"), "cuda"),
+        ((), "cpu"),
+        (("cuda:0", "cpu"), "parameters on cpu and cuda"),
+        (("xpu",), "trains on cpu or cuda only"),
+    ],
+)
 def test_where_a_model_trains_is_read_from_all_its_tensors(devices, expected):
     from ort_hf.engine.placement import model_device_type
 

@@ -111,8 +111,9 @@ def test_model_class_is_read_through_wrappers_and_unproven_defaults_are_off():
     assert not proven_exact(mine) and not padding_rewrites_proven(mine)
     settings = WrapSettings.of(mine, ORTOptions(), ensure_engine())
     assert settings.preflight and not settings.trim_padding and not settings.eliminate_padding
-    forced = WrapSettings.of(mine, ORTOptions(trim_padding=True, eliminate_padding=True, preflight="never"),
-                             ensure_engine())
+    forced = WrapSettings.of(
+        mine, ORTOptions(trim_padding=True, eliminate_padding=True, preflight="never"), ensure_engine()
+    )
     assert not forced.preflight and forced.trim_padding and forced.eliminate_padding
 
 
@@ -122,9 +123,20 @@ def test_layer_drop_is_refused_before_its_trace_fixes_the_skipped_layers(fallbac
 
     from ort_hf.engine import ORTFallbackError, ORTOptions, wrap_model
 
-    config = M2M100Config(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
-                          encoder_layerdrop=0.5, decoder_layerdrop=0.0, dropout=0.0)
+    config = M2M100Config(
+        vocab_size=64,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        encoder_layerdrop=0.5,
+        decoder_layerdrop=0.0,
+        dropout=0.0,
+    )
     wrapped = wrap_model(M2M100ForConditionalGeneration(config), ORTOptions(fallback=fallback, log_level="ERROR"))
     wrapped.train()
     ids = torch.randint(4, 64, (2, 6))

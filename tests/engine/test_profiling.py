@@ -10,8 +10,13 @@ from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
 def test_profile_dir_writes_orts_per_node_profile_of_the_training_steps(tmp_path, caplog):
-    args = tiny_args(ORTTrainingArguments, tmp_path / "out", max_steps=2, per_device_train_batch_size=4,
-                     ort_profile_dir=str(tmp_path / "profile"))
+    args = tiny_args(
+        ORTTrainingArguments,
+        tmp_path / "out",
+        max_steps=2,
+        per_device_train_batch_size=4,
+        ort_profile_dir=str(tmp_path / "profile"),
+    )
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=id_dataset(8))
     with caplog.at_level(logging.WARNING, logger="ort_hf"):
         trainer.train()

@@ -40,7 +40,7 @@ class InterleavedRope(torch.nn.Module):
         dim = self.repeats_dim if self.repeats_dim < 0 else 3
         cos = emb.cos()[..., :half].repeat_interleave(2, dim=dim)
         sin = emb.sin()[..., :half].repeat_interleave(2, dim=dim)
-        q_rot, q_pass = q[..., : self.rotary], q[..., self.rotary:]
+        q_rot, q_pass = q[..., : self.rotary], q[..., self.rotary :]
         y = torch.cat([q_rot * cos + rotate_half_interleaved(q_rot) * sin, q_pass], dim=-1)
         y = y.softmax(dim=-1)  # another reader of the pooled -1
         return Output(loss=((y - target) ** 2).mean(), out=y)
@@ -58,8 +58,9 @@ def test_interleaved_rope_trains_as_pytorch(case):
     torch.manual_seed(0)
     model = InterleavedRope(**CASES[case])
     g = torch.Generator().manual_seed(0)
-    batches = [{"x": torch.randn(2, n, 16, generator=g), "target": torch.rand(2, 2, n, 8, generator=g)}
-               for n in (5, 7, 4)]
+    batches = [
+        {"x": torch.randn(2, n, 16, generator=g), "target": torch.rand(2, 2, n, 8, generator=g)} for n in (5, 7, 4)
+    ]
     assert_parity(*run_parity(model, batches, OPTIONS))
 
 
@@ -81,8 +82,15 @@ def test_interleaved_rope_plain_export_runs_as_torch():
 
     model = Rotated().eval()
     buffer = io.BytesIO()
-    torch.onnx.export(model, (torch.randn(2, 5, 16),), buffer, opset_version=17, dynamo=False,
-                      input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "length"}})
+    torch.onnx.export(
+        model,
+        (torch.randn(2, 5, 16),),
+        buffer,
+        opset_version=17,
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "batch", 1: "length"}},
+    )
     session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     x = torch.randn(3, 6, 16)
     got = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])

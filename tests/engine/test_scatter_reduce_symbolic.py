@@ -36,17 +36,24 @@ class SegmentReductions(torch.nn.Module):
         sums = base.scatter_reduce(0, flat_index, flat, "sum", include_self=False)
         means = torch.zeros(SEGMENTS).scatter_reduce(0, flat_index, flat, reduce="mean", include_self=False)
         rows = (values * self.scale).transpose(0, 1)  # [3, n]: reduce along dim 1
-        row_means = base[None].expand(3, SEGMENTS).scatter_reduce(
-            1, index[None].expand(3, -1), rows, "mean", include_self=False)
+        row_means = (
+            base[None]
+            .expand(3, SEGMENTS)
+            .scatter_reduce(1, index[None].expand(3, -1), rows, "mean", include_self=False)
+        )
         firsts = torch.full((SEGMENTS,), 99).scatter_reduce(0, index, ids, "amin", include_self=False)
         lasts = torch.zeros(SEGMENTS, dtype=torch.long).scatter_reduce(0, index, ids, "amax", include_self=False)
         # a float reached from no float input (TAPAS' labels as float32): it cannot need a gradient
         peaks = torch.zeros(SEGMENTS).scatter_reduce(0, index, ids.float() * 0.5, "amax", include_self=False)
         row_peaks = torch.zeros(3, SEGMENTS, dtype=torch.long).scatter_reduce(  # along dim 1, rows differing
-            1, index[None].expand(3, -1), ids[None] * (torch.arange(3)[:, None] * 2 - 1), "amax", include_self=False)
+            1, index[None].expand(3, -1), ids[None] * (torch.arange(3)[:, None] * 2 - 1), "amax", include_self=False
+        )
         mixed = sums + means * 0.5 + row_means.sum(0) + (firsts + lasts + row_peaks.sum(0)).float() * 0.01 + peaks
-        return Output(loss=((mixed - target) ** 2).mean(), out=mixed,
-                      masks=(sums, means, row_means, firsts, lasts, peaks, row_peaks))
+        return Output(
+            loss=((mixed - target) ** 2).mean(),
+            out=mixed,
+            masks=(sums, means, row_means, firsts, lasts, peaks, row_peaks),
+        )
 
 
 def _batches(n=3, length=12):
@@ -55,8 +62,14 @@ def _batches(n=3, length=12):
     for _ in range(n):
         index = torch.randint(0, 5, (length,), generator=g)  # repeats; 5 and 6 untouched
         values = torch.randn(length, 3, generator=g)
-        out.append({"values": values, "index": index, "ids": torch.randint(-50, 50, (length,), generator=g),
-                    "target": torch.randn(SEGMENTS, generator=g)})
+        out.append(
+            {
+                "values": values,
+                "index": index,
+                "ids": torch.randint(-50, 50, (length,), generator=g),
+                "target": torch.randn(SEGMENTS, generator=g),
+            }
+        )
     return out
 
 
@@ -109,14 +122,25 @@ def test_scatter_reduce_without_self_plain_export_runs_as_torch():
 
         def forward(self, values, index):
             flat = (values * self.scale).sum(-1)
-            return torch.stack([torch.ones(SEGMENTS).scatter_reduce(0, index, flat, reduce, include_self=False)
-                                for reduce in ("sum", "mean", "amax", "amin")])
+            return torch.stack(
+                [
+                    torch.ones(SEGMENTS).scatter_reduce(0, index, flat, reduce, include_self=False)
+                    for reduce in ("sum", "mean", "amax", "amin")
+                ]
+            )
 
     model = Reductions().eval()
     batch = _batches(n=1)[0]
     buffer = io.BytesIO()
-    torch.onnx.export(model, (batch["values"], batch["index"]), buffer, opset_version=16, dynamo=False,
-                      input_names=["values", "index"], dynamic_axes={"values": {0: "n"}, "index": {0: "n"}})
+    torch.onnx.export(
+        model,
+        (batch["values"], batch["index"]),
+        buffer,
+        opset_version=16,
+        dynamo=False,
+        input_names=["values", "index"],
+        dynamic_axes={"values": {0: "n"}, "index": {0: "n"}},
+    )
     session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     values, index = torch.randn(20, 3), torch.randint(0, 5, (20,))
     got = torch.from_numpy(session.run(None, {"values": values.numpy(), "index": index.numpy()})[0])

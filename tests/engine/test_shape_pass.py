@@ -30,10 +30,19 @@ def withheld(monkeypatch):
 def _export(model, batch) -> bytes:
     out = io.BytesIO()
     with torch.no_grad():
-        torch.onnx.export(model, (batch["input_ids"], batch["attention_mask"]), out, dynamo=False,
-                          training=torch.onnx.TrainingMode.TRAINING, export_params=False,
-                          keep_initializers_as_inputs=True, do_constant_folding=False, opset_version=17,
-                          input_names=["input_ids", "attention_mask"], dynamic_axes={"input_ids": [0, 1]})
+        torch.onnx.export(
+            model,
+            (batch["input_ids"], batch["attention_mask"]),
+            out,
+            dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            export_params=False,
+            keep_initializers_as_inputs=True,
+            do_constant_folding=False,
+            opset_version=17,
+            input_names=["input_ids", "attention_mask"],
+            dynamic_axes={"input_ids": [0, 1]},
+        )
     return out.getvalue()
 
 
@@ -57,4 +66,3 @@ def test_ort_export_runs_the_pass_without_weight_values(withheld):
     batches = [make_batch("clm", torch.Generator().manual_seed(seed)) for seed in range(2)]
     assert_parity(*run_parity(model, batches, STRICT))
     assert sum(withheld) >= len([p for p in model.parameters() if p.dim() >= 2])
-

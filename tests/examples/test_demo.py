@@ -15,9 +15,20 @@ DATA = ROOT.parent / "shared" / "data"  # as `make demo` finds it (SST-2 is not 
 def test_demo_runs_offline_through_pytorch_and_ort(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo" / "run_demo.py"), "--output_dir", str(tmp_path),
-         "--max_steps", "4", "--data_dir", str(DATA)],
-        capture_output=True, text=True, env=env, timeout=1800,  # a hang, not a slow shared machine
+        [
+            sys.executable,
+            str(ROOT / "examples" / "demo" / "run_demo.py"),
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "4",
+            "--data_dir",
+            str(DATA),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,  # a hang, not a slow shared machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "=== ORT vs PyTorch" in proc.stdout and "INPUT TYPE" not in proc.stdout  # table every 20 steps
@@ -36,7 +47,8 @@ def test_demo_runs_offline_through_pytorch_and_ort(tmp_path):
     assert f"On this CPU ({cpu['model']}, {cpu['capability']}, {cpu['cores']} cores) ORT" in proc.stdout
     assert comparison["verdict"] in proc.stdout
     assert ("did NOT win" in comparison["verdict"]) == (
-        comparison["pytorch"]["train_runtime_s"] <= comparison["ort"]["train_runtime_s"])
+        comparison["pytorch"]["train_runtime_s"] <= comparison["ort"]["train_runtime_s"]
+    )
     assert comparison["committed_figures"] and all(f in proc.stdout for f in comparison["committed_figures"])
 
 

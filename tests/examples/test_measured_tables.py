@@ -14,14 +14,18 @@ ENGINES = {"ort": "ORT", "pytorch": "PyTorch"}
 
 
 def _glue_row(config, engine, s):
-    return (f"| {config} | {engine} | {s['run_samples_per_s']:.1f} | {s['samples_per_s']:.1f} | "
-            f"{s['non_padding_tokens_per_s']:,.0f} | {s['peak_memory_mb']:,.0f} | {100 * s['metric_value']:.2f}% |")
+    return (
+        f"| {config} | {engine} | {s['run_samples_per_s']:.1f} | {s['samples_per_s']:.1f} | "
+        f"{s['non_padding_tokens_per_s']:,.0f} | {s['peak_memory_mb']:,.0f} | {100 * s['metric_value']:.2f}% |"
+    )
 
 
 def _mlm_row(config, engine, s):
     sparsity = "fired" if s["label_sparsity"] else "-"
-    return (f"| {config} | {engine} | {s['samples_per_s']:.2f} | {s['non_padding_tokens_per_s']:,.0f} | "
-            f"{s['peak_memory_mb']:,.0f} | {sparsity} | {s['metric_value']:.2f} |")
+    return (
+        f"| {config} | {engine} | {s['samples_per_s']:.2f} | {s['non_padding_tokens_per_s']:,.0f} | "
+        f"{s['peak_memory_mb']:,.0f} | {sparsity} | {s['metric_value']:.2f} |"
+    )
 
 
 @pytest.mark.parametrize("example, row", [("run_glue", _glue_row), ("run_mlm", _mlm_row)])

@@ -28,13 +28,48 @@ from glue_data import GLUE_TASKS, read_glue_split, read_tsv  # noqa: E402
 
 
 def _glue_args(minilm_dir, data_dir, task, out):
-    return ["--model_name_or_path", str(minilm_dir), "--task_name", task, "--data_dir", str(data_dir),
-            "--do_train", "--do_eval", "--max_seq_length", "32", "--pad_to_max_length", "false",
-            "--max_train_samples", "64", "--max_eval_samples", "64", "--max_steps", "3",
-            "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--logging_steps", "1",
-            "--learning_rate", "5e-5", "--seed", "7", "--save_strategy", "no", "--report_to", "none",
-            "--disable_tqdm", "true", "--ort_fallback", "disable", "--ort_log_level", "ERROR",
-            "--output_dir", str(out)]
+    return [
+        "--model_name_or_path",
+        str(minilm_dir),
+        "--task_name",
+        task,
+        "--data_dir",
+        str(data_dir),
+        "--do_train",
+        "--do_eval",
+        "--max_seq_length",
+        "32",
+        "--pad_to_max_length",
+        "false",
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "64",
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "32",
+        "--logging_steps",
+        "1",
+        "--learning_rate",
+        "5e-5",
+        "--seed",
+        "7",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--ort_fallback",
+        "disable",
+        "--ort_log_level",
+        "ERROR",
+        "--output_dir",
+        str(out),
+    ]
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
@@ -46,8 +81,11 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 def glue_runs(tmp_path_factory, shared_data, minilm_dir):
     root = tmp_path_factory.mktemp("run_glue")
     sst2 = _glue_args(minilm_dir, shared_data / "glue" / "SST-2", "sst2", root / "sst2")
-    mrpc = {engine: _glue_args(minilm_dir, shared_data / "glue" / "MRPC", "mrpc", root / f"mrpc_{engine}")
-            + ["--use_ort", "true" if engine == "ort" else "false"] for engine in ("ort", "pytorch")}
+    mrpc = {
+        engine: _glue_args(minilm_dir, shared_data / "glue" / "MRPC", "mrpc", root / f"mrpc_{engine}")
+        + ["--use_ort", "true" if engine == "ort" else "false"]
+        for engine in ("ort", "pytorch")
+    }
     mrpc["ort"] += ["--export_onnx", str(root / "mrpc_onnx")]
 
     def mrpc_chain():
@@ -59,8 +97,12 @@ def glue_runs(tmp_path_factory, shared_data, minilm_dir):
         procs = {"sst2": sst2_future.result(), **{f"mrpc_{k}": v for k, v in mrpc_future.result().items()}}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    dirs = {"sst2_ort": root / "sst2" / "ort", "sst2_pytorch": root / "sst2" / "pytorch",
-            "mrpc_ort": root / "mrpc_ort", "mrpc_pytorch": root / "mrpc_pytorch"}
+    dirs = {
+        "sst2_ort": root / "sst2" / "ort",
+        "sst2_pytorch": root / "sst2" / "pytorch",
+        "mrpc_ort": root / "mrpc_ort",
+        "mrpc_pytorch": root / "mrpc_pytorch",
+    }
     return procs, dirs, root
 
 
@@ -131,12 +173,18 @@ def test_local_metric_gives_what_evaluates_glue_module_gives():
     labels, preds, labels3, preds3, scores, predicted = _prediction_set()
     assert glue_metric.compute("sst2", preds, labels) == {"accuracy": float((preds == labels).mean())}
     assert glue_metric.compute("mnli", preds3, labels3) == {"accuracy": metrics.accuracy_score(labels3, preds3)}
-    assert glue_metric.compute("mrpc", preds, labels) == {"accuracy": metrics.accuracy_score(labels, preds),
-                                                           "f1": metrics.f1_score(labels, preds)}
-    assert glue_metric.compute("cola", preds3, labels3) == {"matthews_correlation": metrics.matthews_corrcoef(labels3, preds3)}
+    assert glue_metric.compute("mrpc", preds, labels) == {
+        "accuracy": metrics.accuracy_score(labels, preds),
+        "f1": metrics.f1_score(labels, preds),
+    }
+    assert glue_metric.compute("cola", preds3, labels3) == {
+        "matthews_correlation": metrics.matthews_corrcoef(labels3, preds3)
+    }
     p32, s32 = predicted.astype(np.float32), scores.astype(np.float32)
-    assert glue_metric.compute("stsb", predicted, scores) == {"pearson": float(stats.pearsonr(p32, s32)[0]),
-                                                              "spearmanr": float(stats.spearmanr(p32, s32)[0])}
+    assert glue_metric.compute("stsb", predicted, scores) == {
+        "pearson": float(stats.pearsonr(p32, s32)[0]),
+        "spearmanr": float(stats.spearmanr(p32, s32)[0]),
+    }
     with pytest.raises(KeyError, match="unknown GLUE metric config"):
         glue_metric.compute("squad", preds, labels)
 
@@ -190,21 +238,41 @@ def test_tsv_reader_header_less_cola_and_named_mnli_labels(tmp_path):
     cola = tmp_path / "cola.tsv"
     cola.write_text("gj04\t1\t\tThe sailors rode the breeze clear of the rocks .\ngj04\t0\t*\tThe more books I ask .\n")
     assert read_glue_split(GLUE_TASKS["cola"], cola) == {
-        "sentence": ["The sailors rode the breeze clear of the rocks .", "The more books I ask ."], "label": [1, 0]}
+        "sentence": ["The sailors rode the breeze clear of the rocks .", "The more books I ask ."],
+        "label": [1, 0],
+    }
     mnli = tmp_path / "dev_matched.tsv"
-    header = ["index", "promptID", "pairID", "genre", "s1bp", "s2bp", "s1p", "s2p", "sentence1", "sentence2",
-              "label1", "gold_label"]
-    rows = [["0", "1", "1e", "fiction", "", "", "", "", "A man sleeps .", "A person rests .", "entailment", "entailment"],
-            ["1", "2", "2c", "fiction", "", "", "", "", "A man sleeps .", "He runs .", "contradiction", "contradiction"]]
+    header = [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "s1bp",
+        "s2bp",
+        "s1p",
+        "s2p",
+        "sentence1",
+        "sentence2",
+        "label1",
+        "gold_label",
+    ]
+    rows = [
+        ["0", "1", "1e", "fiction", "", "", "", "", "A man sleeps .", "A person rests .", "entailment", "entailment"],
+        ["1", "2", "2c", "fiction", "", "", "", "", "A man sleeps .", "He runs .", "contradiction", "contradiction"],
+    ]
     mnli.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
     data = read_glue_split(GLUE_TASKS["mnli"], mnli)
     assert data["premise"] == ["A man sleeps .", "A man sleeps ."] and data["label"] == [0, 2]  # hub ids
 
 
-@pytest.mark.parametrize("task,folder,split,rows,positives", [
-    ("mrpc", "MRPC", "train.tsv", 3668, 2474), ("mrpc", "MRPC", "dev.tsv", 408, 279),
-    ("sst2", "SST-2", "dev.tsv", 872, 444),
-])
+@pytest.mark.parametrize(
+    "task,folder,split,rows,positives",
+    [
+        ("mrpc", "MRPC", "train.tsv", 3668, 2474),
+        ("mrpc", "MRPC", "dev.tsv", 408, 279),
+        ("sst2", "SST-2", "dev.tsv", 872, 444),
+    ],
+)
 def test_tsv_reader_on_the_real_files(shared_data, task, folder, split, rows, positives):
     data = read_glue_split(GLUE_TASKS[task], shared_data / "glue" / folder / split)
     assert len(data["label"]) == rows and sum(data["label"]) == positives  # SOURCES.md's counts

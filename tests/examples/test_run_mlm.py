@@ -41,22 +41,67 @@ def runs(shared_data, minilm_dir, tmp_path_factory) -> dict[str, tuple[subproces
     train.write_text("".join(lines[:120]), encoding="utf-8")
     valid.write_text("".join(lines[120:200]), encoding="utf-8")
     model = _without_dropout(minilm_dir, folder / "minilm")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(folder / "hf_datasets"),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(folder / "hf_datasets"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     procs = {}
     for mode in MODES:
         out = folder / mode
         argv = [
-            "--model_name_or_path", str(model), "--train_file", str(train), "--validation_file", str(valid),
-            "--do_train", "--do_eval", "--max_seq_length", "64", "--max_train_samples", "16",
-            "--max_eval_samples", "16", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
-            "--max_steps", "3", "--logging_steps", "1", "--seed", "0", "--report_to", "none",
-            "--save_strategy", "no", "--disable_tqdm", "true", "--ort_fallback", "disable",
-            "--ort_log_level", "ERROR", "--output_dir", str(out), "--compare",
+            "--model_name_or_path",
+            str(model),
+            "--train_file",
+            str(train),
+            "--validation_file",
+            str(valid),
+            "--do_train",
+            "--do_eval",
+            "--max_seq_length",
+            "64",
+            "--max_train_samples",
+            "16",
+            "--max_eval_samples",
+            "16",
+            "--per_device_train_batch_size",
+            "4",
+            "--per_device_eval_batch_size",
+            "8",
+            "--max_steps",
+            "3",
+            "--logging_steps",
+            "1",
+            "--seed",
+            "0",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+            "--ort_fallback",
+            "disable",
+            "--ort_log_level",
+            "ERROR",
+            "--output_dir",
+            str(out),
+            "--compare",
         ] + (["--line_by_line"] if mode == "line_by_line" else [])
         log = open(folder / f"{mode}.log", "w+")
-        procs[mode] = (subprocess.Popen([sys.executable, str(SCRIPT), *argv], stdout=log, stderr=subprocess.STDOUT,
-                                        text=True, env=env, cwd=SCRIPT.parent), log, out)
+        procs[mode] = (
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                cwd=SCRIPT.parent,
+            ),
+            log,
+            out,
+        )
     results = {}
     for mode, (proc, log, out) in procs.items():
         proc.wait(timeout=400)

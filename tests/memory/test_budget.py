@@ -14,11 +14,21 @@ from ort_hf.trainer.budget import MemoryBudgetController
 
 def _trainer(tmp_path, budget):
     ids = torch.randint(3, 100, (64, 16), generator=torch.Generator().manual_seed(0))
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * 64,
-                              "labels": (ids[:, 0] % 2).tolist()})
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=8, logging_steps=4,
-                                report_to=[], save_strategy="no", disable_tqdm=True, ort_fallback="disable",
-                                ort_log_level="ERROR", ort_memory_budget_mb=budget)
+    data = Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * 64, "labels": (ids[:, 0] % 2).tolist()}
+    )
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=12,
+        per_device_train_batch_size=8,
+        logging_steps=4,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        ort_memory_budget_mb=budget,
+    )
     return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
 
 
@@ -60,8 +70,13 @@ def _plan(plan, frequency, mb):
 def test_cheap_plans_go_by_saving_per_cost_and_never_recompute_a_matmul():
     from ort_hf.trainer.budget import cheap_plans, plan_cost
 
-    plans = [_plan("FusedMatMul+Add+:1:-1", 7, 300), _plan("Gelu+:1:-1", 7, 40),
-             _plan("Add+:1:-1", 12, 20), _plan("Mul+Dropout+:1:-1", 6, 36), _plan("Cast+:2:-1", 4, 90)]
+    plans = [
+        _plan("FusedMatMul+Add+:1:-1", 7, 300),
+        _plan("Gelu+:1:-1", 7, 40),
+        _plan("Add+:1:-1", 12, 20),
+        _plan("Mul+Dropout+:1:-1", 6, 36),
+        _plan("Cast+:2:-1", 4, 90),
+    ]
     assert plan_cost("FusedMatMul+Add+:1:-1", 7) is None and plan_cost("Cast+:2:-1", 4) is None
     # per cost: Gelu 40/21 = 1.9, Add 20/12 = 1.7, Mul+Dropout 36/24 = 1.5
     assert cheap_plans(plans, excess_bytes=10 * 2**20) == ("Gelu+:1:-1",)
@@ -83,7 +98,10 @@ def test_with_auto_find_batch_size_a_batch_that_fits_nowhere_is_made_smaller(tmp
     assert all(t["samples_per_s"] > 0 for t in ctl.history)
     assert trainer.state.global_step == 12  # the last attempt trained every step
     said = [r.getMessage() for r in caplog.records if "memory budget" in r.getMessage()]
-    assert sum("retrying with a smaller batch" in m for m in said) == len(batches) - 1 and "no recompute configuration fits" in said[-1]
+    assert (
+        sum("retrying with a smaller batch" in m for m in said) == len(batches) - 1
+        and "no recompute configuration fits" in said[-1]
+    )
     logged = next(h for h in trainer.state.log_history if "memory/budget_batch_size" in h)
     assert logged["memory/budget_batch_size"] == 1.0 and logged["memory/budget_fits"] == 0.0
     # steps taken at the batches that did not fit were rolled back before each retry
@@ -111,8 +129,12 @@ class _FakeEngine:
 def _decide(budget, engine, peaks):
     """Feed measured peaks (one per rung tried) to a controller; return it."""
     logged = {}
-    trainer = types.SimpleNamespace(state=types.SimpleNamespace(train_batch_size=8), add_ort_logs=logged.update,
-                                    args=types.SimpleNamespace(auto_find_batch_size=False), logged=logged)
+    trainer = types.SimpleNamespace(
+        state=types.SimpleNamespace(train_batch_size=8),
+        add_ort_logs=logged.update,
+        args=types.SimpleNamespace(auto_find_batch_size=False),
+        logged=logged,
+    )
     ctl = MemoryBudgetController(trainer, budget, observer=None)
     args = types.SimpleNamespace(gradient_accumulation_steps=1, world_size=1)
     for peak in peaks:

@@ -26,9 +26,19 @@ def _run(minilm_dir, data, out, on: bool):
     hooks = CountGradHooks()
     hooks.attach(model)
     args = ORTTrainingArguments(
-        output_dir=str(out), max_steps=20, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        learning_rate=5e-5, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=0,
-        ort_fallback="disable", ort_log_level="ERROR", ort_mem_efficient_grad_mgmt=on,
+        output_dir=str(out),
+        max_steps=20,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=5e-5,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        ort_mem_efficient_grad_mgmt=on,
     )
     trainer = ORTTrainer(model=model, args=args, train_dataset=data)
     trainer.train()

@@ -11,8 +11,10 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from ort_hf.engine import ORTOptions, wrap_model
 
 SENTENCES = [
-    "a warm , funny and deeply moving film", "the plot is thin and the jokes fall flat",
-    "one of the best performances of the year", "tedious , overlong and badly acted",
+    "a warm , funny and deeply moving film",
+    "the plot is thin and the jokes fall flat",
+    "one of the best performances of the year",
+    "tedious , overlong and badly acted",
 ]
 
 
@@ -33,8 +35,13 @@ def _minilm(minilm_dir):
 
 
 @pytest.mark.parametrize(
-    "memory", [{"memory_opt_level": 0}, {"memory_opt_level": 1}, {"memory_opt_level": 2},
-               {"memory_opt_plans": ("LayerNormalization+:1:-1",)}],
+    "memory",
+    [
+        {"memory_opt_level": 0},
+        {"memory_opt_level": 1},
+        {"memory_opt_level": 2},
+        {"memory_opt_plans": ("LayerNormalization+:1:-1",)},
+    ],
     ids=["level0", "level1", "level2", "plan"],
 )
 def test_recompute_keeps_pytorch_losses(minilm_dir, minilm_batches, memory):
@@ -83,8 +90,10 @@ def test_a_mistyped_plan_lists_the_valid_ones(minilm_dir, minilm_batches):
 
 def test_the_plan_file_lives_as_long_as_the_session(minilm_dir, minilm_batches):
     """ORT reads chosen plans from a JSON file at every session build; it is removed with the session."""
-    wrapped = wrap_model(_minilm(minilm_dir), ORTOptions(fallback="disable", log_level="ERROR",
-                                                         memory_opt_plans=("LayerNormalization+:1:-1",)))
+    wrapped = wrap_model(
+        _minilm(minilm_dir),
+        ORTOptions(fallback="disable", log_level="ERROR", memory_opt_plans=("LayerNormalization+:1:-1",)),
+    )
     wrapped.train()
     wrapped(**minilm_batches[0]).loss.backward()
     manager = wrapped._ort._torch_module._execution_manager(True)

@@ -30,8 +30,11 @@ def _imports(path: Path, with_names: bool = False) -> list[str]:
 
 def _engine_submodules() -> set[str]:
     engine = PACKAGE / "engine"
-    return {"ort_hf.engine." + ".".join(p.relative_to(engine).with_suffix("").parts).removesuffix(".__init__")
-            for p in engine.rglob("*.py") if p.name != "__init__.py" or p.parent != engine}
+    return {
+        "ort_hf.engine." + ".".join(p.relative_to(engine).with_suffix("").parts).removesuffix(".__init__")
+        for p in engine.rglob("*.py")
+        if p.name != "__init__.py" or p.parent != engine
+    }
 
 
 def test_nothing_outside_the_engine_reaches_behind_its_boundary():
@@ -41,8 +44,11 @@ def test_nothing_outside_the_engine_reaches_behind_its_boundary():
     for path in sorted(PACKAGE.rglob("*.py")):
         if PACKAGE / "engine" in path.parents:
             continue
-        reaching += [f"{path.relative_to(PACKAGE.parent)} imports {name}" for name in _imports(path, with_names=True)
-                     if name in submodules or any(name.startswith(m + ".") for m in submodules)]
+        reaching += [
+            f"{path.relative_to(PACKAGE.parent)} imports {name}"
+            for name in _imports(path, with_names=True)
+            if name in submodules or any(name.startswith(m + ".") for m in submodules)
+        ]
     assert not reaching, "import from ort_hf.engine instead:\n" + "\n".join(reaching)
 
 
@@ -70,7 +76,7 @@ def test_no_import_cycle_in_the_package():
         state[node] = "open"
         for target in sorted(graph[node]):
             if state.get(target) == "open":
-                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+                cycles.append(" -> ".join(stack[stack.index(target) :] + [target]))
             elif target not in state:
                 visit(target, stack + [target])
         state[node] = "done"
@@ -88,8 +94,14 @@ def test_only_ort_hf_trl_imports_trl():
         if PACKAGE / "trl" in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else
-                     [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
-            importing += [f"{path.relative_to(PACKAGE.parent)} imports {n}" for n in names
-                          if n == "trl" or n.startswith("trl.")]
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            importing += [
+                f"{path.relative_to(PACKAGE.parent)} imports {n}" for n in names if n == "trl" or n.startswith("trl.")
+            ]
     assert not importing, "\n".join(importing)

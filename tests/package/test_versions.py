@@ -4,7 +4,12 @@ metadata, and a library outside its range is named with the pin to install."""
 from ort_hf import _versions
 from ort_hf._versions import WRITTEN_AGAINST, untested
 
-REQUIREMENTS = ["torch<2.14,>=2.13.0", "numpy>=2.0", 'trl<1.17,>=1.16.0; extra == "trl"', 'peft<0.22,>=0.21; extra == "peft"']
+REQUIREMENTS = [
+    "torch<2.14,>=2.13.0",
+    "numpy>=2.0",
+    'trl<1.17,>=1.16.0; extra == "trl"',
+    'peft<0.22,>=0.21; extra == "peft"',
+]
 
 
 def test_every_library_ort_hf_is_written_against_has_a_floor_and_a_cap():

@@ -37,8 +37,14 @@ def _model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "python-op":
         return _PythonOpNet()
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, attn_implementation=kind)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        attn_implementation=kind,
+    )
     return BertForSequenceClassification(config)
 
 
@@ -59,8 +65,16 @@ def main(cache_dir: str, kind: str) -> None:
             opt.zero_grad()
             losses.append(loss.item())
     status = wrapped.engine_status()
-    print(json.dumps({"losses": losses, "backend": status.backend, "export_count": status.export_count,
-                      "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)]}))
+    print(
+        json.dumps(
+            {
+                "losses": losses,
+                "backend": status.backend,
+                "export_count": status.export_count,
+                "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,17 @@ def _data(n=16, high=VOCAB):
 
 
 def _trainer(tmp_path, data, model=None, **kw):
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, report_to=[],
-                                save_strategy="no", disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
-                                **kw)
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        **kw,
+    )
     return ORTTrainer(model=model or build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
 
 
@@ -46,8 +54,15 @@ def _non_finite_warnings(trainer, caplog) -> list[str]:
 
 
 def test_nan_loss_is_reported_with_the_step(tmp_path, caplog):
-    trainer = _trainer(tmp_path, _data(), learning_rate=1e9, max_grad_norm=0.0, logging_steps=1,
-                       ort_density_callback=False, ort_memory_callback=False)
+    trainer = _trainer(
+        tmp_path,
+        _data(),
+        learning_rate=1e9,
+        max_grad_norm=0.0,
+        logging_steps=1,
+        ort_density_callback=False,
+        ort_memory_callback=False,
+    )
     said = _non_finite_warnings(trainer, caplog)
     assert said and "at step" in said[0]
     # As the Trainer does for PyTorch: the logged loss filters non-finite values.
@@ -73,15 +88,23 @@ def test_failed_run_leaves_environment_unchanged(tmp_path):
 
 def test_a_batch_without_labelled_tokens_says_why_its_loss_is_nan(tmp_path, caplog):
     data = id_dataset(16, 8, lambda ids, g: torch.full_like(ids, -100))  # every token ignored
-    trainer = _trainer(tmp_path, data, model=build(FAMILIES["bert-mlm"]),
-                       ort_density_callback=False, ort_memory_callback=False)
+    trainer = _trainer(
+        tmp_path, data, model=build(FAMILIES["bert-mlm"]), ort_density_callback=False, ort_memory_callback=False
+    )
     said = _non_finite_warnings(trainer, caplog)
     assert said and "Every label of this batch is -100" in said[0]
 
 
-@pytest.mark.parametrize("device, step, logging_steps, due", [
-    ("cpu", 7, 5, True),  # nothing runs ahead of the host: every step
-    ("cuda", 0, 5, True), ("cuda", 4, 5, True), ("cuda", 7, 5, False), ("cuda", 3, 0, False)])
+@pytest.mark.parametrize(
+    "device, step, logging_steps, due",
+    [
+        ("cpu", 7, 5, True),  # nothing runs ahead of the host: every step
+        ("cuda", 0, 5, True),
+        ("cuda", 4, 5, True),
+        ("cuda", 7, 5, False),
+        ("cuda", 3, 0, False),
+    ],
+)
 def test_host_reading_checks_run_on_an_accelerator_only_where_the_trainer_syncs(device, step, logging_steps, due):
     from ort_hf.trainer.checks import host_check_due
 

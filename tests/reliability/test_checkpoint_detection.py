@@ -30,9 +30,16 @@ DATA = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 16, "attention_mask": [[
 
 
 def _trainer(out, max_steps):
-    args = ORTTrainingArguments(output_dir=str(out), max_steps=max_steps, save_steps=2,
-                                per_device_train_batch_size=8, report_to=[], disable_tqdm=True,
-                                ort_fallback="disable", ort_log_level="ERROR")
+    args = ORTTrainingArguments(
+        output_dir=str(out),
+        max_steps=max_steps,
+        save_steps=2,
+        per_device_train_batch_size=8,
+        report_to=[],
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+    )
     return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=DATA)
 
 
@@ -64,16 +71,21 @@ def two_checkpoints(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("damage", ["truncated model", "overwritten optimizer header", "truncated optimizer",
-                                    "empty rng state"])
+@pytest.mark.parametrize(
+    "damage", ["truncated model", "overwritten optimizer header", "truncated optimizer", "empty rng state"]
+)
 def test_damaged_checkpoint_files_are_found(two_checkpoints, tmp_path, damage):
     import shutil
 
     ckpt = tmp_path / "checkpoint-4"
     shutil.copytree(two_checkpoints / "checkpoint-4", ckpt)
     assert checkpoint_problem(ckpt) is None  # intact as the Trainer wrote it
-    name = {"truncated model": "model.safetensors", "overwritten optimizer header": "optimizer.pt",
-            "truncated optimizer": "optimizer.pt", "empty rng state": "rng_state.pth"}[damage]
+    name = {
+        "truncated model": "model.safetensors",
+        "overwritten optimizer header": "optimizer.pt",
+        "truncated optimizer": "optimizer.pt",
+        "empty rng state": "rng_state.pth",
+    }[damage]
     target = ckpt / name
     data = bytearray(target.read_bytes())
     if damage.startswith("truncated"):
@@ -83,7 +95,7 @@ def test_damaged_checkpoint_files_are_found(two_checkpoints, tmp_path, damage):
 
         with zipfile.ZipFile(target) as archive:  # the last member's local header, found by the directory
             offset = archive.infolist()[-1].header_offset
-        data[offset:offset + 64] = bytes(b ^ 0xFF for b in data[offset:offset + 64])
+        data[offset : offset + 64] = bytes(b ^ 0xFF for b in data[offset : offset + 64])
     else:
         data = bytearray(b"\0" * 16)
     target.write_bytes(bytes(data))
@@ -98,15 +110,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_named_when_asked_for(two_che
     shutil.copytree(two_checkpoints, out)
     (out / "checkpoint-4" / "model.safetensors").write_bytes(b"overwritten")
     assert last_complete_checkpoint(out) == str(out / "checkpoint-2")
-    with pytest.raises(ValueError, match=r"model.safetensors is damaged.*newest intact checkpoint next to it is .*checkpoint-2"):
+    with pytest.raises(
+        ValueError, match=r"model.safetensors is damaged.*newest intact checkpoint next to it is .*checkpoint-2"
+    ):
         _trainer(out, 6).train(resume_from_checkpoint=str(out / "checkpoint-4"))
     resumed = _trainer(out, 6)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 6 and resumed.ort_engine_status().backend == "ort"
 
 
-@pytest.mark.parametrize("writer, existed, removed", [(True, False, True), (False, False, False), (True, True, False)],
-                         ids=["writer-own-folder", "other-rank", "folder-from-before"])
+@pytest.mark.parametrize(
+    "writer, existed, removed",
+    [(True, False, True), (False, False, False), (True, True, False)],
+    ids=["writer-own-folder", "other-rank", "folder-from-before"],
+)
 def test_only_the_writer_removes_an_unfinished_checkpoint_it_started(tmp_path, writer, existed, removed):
     from ort_hf.trainer.checks import CheckpointWriteError, unfinished_checkpoint_guard
 

@@ -11,8 +11,9 @@ SCRIPT = Path(__file__).with_name("cache_run.py")
 
 
 def _start(cache_dir, kind="eager"):
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(cache_dir), kind], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(cache_dir), kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _finish(proc) -> dict:
@@ -100,8 +101,12 @@ def test_the_key_holds_the_parameter_dtypes_and_the_autocast_in_force():
 
     from ort_hf.engine.export_cache import entry_key
 
-    info = SimpleNamespace(onnx_graph_input_names=["x"], onnx_graph_input_names_require_grad=[],
-                           onnx_graph_input_dynamic_axes_map={"x": {0: "batch"}}, export_mode="training")
+    info = SimpleNamespace(
+        onnx_graph_input_names=["x"],
+        onnx_graph_input_names_require_grad=[],
+        onnx_graph_input_dynamic_axes_map={"x": {0: "batch"}},
+        export_mode="training",
+    )
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
 
     def key():

@@ -16,8 +16,12 @@ BUILD = "from ort_hf.engine.extensions import build_extension; build_extension('
 
 def test_two_runs_starting_together_build_the_extension_once(tmp_path):
     env = {**os.environ, extensions.CACHE_ENV: str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=900) for p in procs]
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0 and "loaded" in out, err[-3000:]

@@ -31,11 +31,14 @@ def small_disk(tmp_path):
         point = tmp_path / f"disk{len(mounted)}"
         point.mkdir()
         options = f"size={size_kb}k" + (",ro" if read_only else "")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True
+        )
         if done.returncode != 0:
-            pytest.skip(f"a full disk is simulated with a small tmpfs, and mounting one needs root / "
-                        f"CAP_SYS_ADMIN here: {done.stderr.strip()}")
+            pytest.skip(
+                f"a full disk is simulated with a small tmpfs, and mounting one needs root / "
+                f"CAP_SYS_ADMIN here: {done.stderr.strip()}"
+            )
         mounted.append(point)
         return point
 
@@ -54,8 +57,9 @@ def _fill(folder: Path) -> None:
 
 
 def _train_with_export_cache(cache_dir: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(CACHE_RUN), str(cache_dir), "eager"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(CACHE_RUN), str(cache_dir), "eager"], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["backend"] == "ort" and len(result["losses"]) == 3
@@ -103,9 +107,21 @@ def _dataset():
 
 
 def _trainer(out: Path, **kw) -> ORTTrainer:
-    args = ORTTrainingArguments(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, learning_rate=1e-3,
-                                logging_steps=1, seed=0, report_to=[], save_strategy="steps", save_steps=2,
-                                disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR", **kw)
+    args = ORTTrainingArguments(
+        output_dir=str(out),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        seed=0,
+        report_to=[],
+        save_strategy="steps",
+        save_steps=2,
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        **kw,
+    )
     return ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=_dataset())
 
 
@@ -116,8 +132,11 @@ def _losses(trainer) -> dict[int, float]:
 def test_a_checkpoint_that_fills_the_disk_keeps_the_last_one_and_resumes(small_disk, tmp_path):
     reference = _trainer(tmp_path / "uninterrupted")
     reference.train()
-    one_checkpoint_kb = int(subprocess.run(["du", "-sk", str(tmp_path / "uninterrupted" / "checkpoint-2")],
-                                           capture_output=True, text=True, check=True).stdout.split()[0])
+    one_checkpoint_kb = int(
+        subprocess.run(
+            ["du", "-sk", str(tmp_path / "uninterrupted" / "checkpoint-2")], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
     disk = small_disk(int(one_checkpoint_kb * 1.6))  # room for checkpoint-2, not for checkpoint-4 beside it
 
     with pytest.raises(CheckpointWriteError) as raised:

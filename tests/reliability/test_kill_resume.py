@@ -18,8 +18,13 @@ STEPS = 40
 
 def _start(out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(HERE / "kill_run.py"), str(out), str(STEPS)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "kill_run.py"), str(out), str(STEPS)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _losses(out: Path) -> dict[int, float]:

@@ -28,13 +28,22 @@ class Probe(TrainerCallback):
 def test_two_thousand_steps_soak(tmp_path, minilm_dir):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 29000, (512, 16), generator=gen)
-    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * 512,
-                              "labels": (ids[:, 1] % 2).tolist()})
+    data = Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": [[1] * 16] * 512, "labels": (ids[:, 1] % 2).tolist()}
+    )
     model = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2)
     probe = Probe()
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=2000, per_device_train_batch_size=4,
-                                logging_steps=50, report_to=[], save_strategy="no", disable_tqdm=True,
-                                ort_fallback="disable", ort_log_level="ERROR")
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2000,
+        per_device_train_batch_size=4,
+        logging_steps=50,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+    )
     trainer = ORTTrainer(model=model, args=args, train_dataset=data, callbacks=[probe])
     trainer.train()
     assert trainer.ort_engine_status().backend == "ort"

@@ -105,9 +105,17 @@ def test_tampered_extension_is_rebuilt_not_loaded(tmp_path):
         data = bytearray(built.read_bytes())
         data[len(data) // 2] ^= 0xFF
         built.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-c", "from ort_hf.engine.extensions import build_extension; "
-                           "build_extension('aten_op_executor')"], env={**os.environ, extensions.CACHE_ENV: str(cache)},
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ort_hf.engine.extensions import build_extension; build_extension('aten_op_executor')",
+        ],
+        env={**os.environ, extensions.CACHE_ENV: str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "does not match the hash" in proc.stderr and "building ORTModule extension" in proc.stderr
     (rebuilt,) = [so for so in copy.glob("build-*/aten_op_executor.so") if trust.verified(so)]
@@ -129,10 +137,12 @@ def test_tampered_cached_graph_is_exported_again(tmp_path):
 def test_manifest_survives_kill_during_writes(tmp_path):
     target = tmp_path / "file.bin"
     target.write_bytes(b"x" * 4096)
-    writer = ("import sys; from pathlib import Path; from ort_hf.engine import trust\n"
-              "p = Path(sys.argv[1])\n"
-              "for i in range(100000):\n"
-              "    (p.parent / f'f{i % 50}').write_bytes(bytes([i % 256]) * 1024); trust.record(p.parent / f'f{i % 50}')\n")
+    writer = (
+        "import sys; from pathlib import Path; from ort_hf.engine import trust\n"
+        "p = Path(sys.argv[1])\n"
+        "for i in range(100000):\n"
+        "    (p.parent / f'f{i % 50}').write_bytes(bytes([i % 256]) * 1024); trust.record(p.parent / f'f{i % 50}')\n"
+    )
     rng = random.Random(0)
     for _ in range(5):
         proc = subprocess.Popen([sys.executable, "-c", writer, str(target)])

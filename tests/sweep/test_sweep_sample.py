@@ -23,21 +23,27 @@ SAMPLE = {("seq-cls", "bert"): "BertForSequenceClassification", ("causal-lm", "g
 def test_sample_cases_train_through_ort_at_parity(tmp_path):
     # Two cases at once, each in its own worker process, as `ort-hf sweep --jobs 2` runs them.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        records = list(pool.map(lambda case: run_case(*case, ["default"], 240.0, tmp_path / f"{case[1]}.log"),
-                                SAMPLE))
+        records = list(pool.map(lambda case: run_case(*case, ["default"], 240.0, tmp_path / f"{case[1]}.log"), SAMPLE))
     for (task, model_type), record in zip(SAMPLE, records):
         result = record["modes"]["default"]
         assert record["reference"]["status"] == "ok", record["reference"]
         assert record["model_class"] == SAMPLE[task, model_type]
-        assert result["cell"] == "parity", (task, model_type, result, (tmp_path / f"{model_type}.log").read_text()[-3000:])
+        assert result["cell"] == "parity", (
+            task,
+            model_type,
+            result,
+            (tmp_path / f"{model_type}.log").read_text()[-3000:],
+        )
         assert result["backend"] == "ort" and result["export_s"] > 0  # ORT exported and ran the steps
         assert len(result["ort_losses"]) == len(result["trainer_losses"]) == 4
         assert result["max_loss_diff"] <= LOSS_ATOL
         assert result["grad_rel_error"] <= EXACT_GRAD_REL
 
 
-@pytest.mark.parametrize("model_type", ["bert", "gpt2", "llama", "t5", "bart", "mixtral", "gemma3_text", "distilbert",
-                                        "deberta-v2", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "model_type",
+    ["bert", "gpt2", "llama", "t5", "bart", "mixtral", "gemma3_text", "distilbert", "deberta-v2", "qwen2_moe"],
+)
 def test_tiny_config_is_tiny_and_consistent(model_type):
     config, specials = tiny_config(model_type, ("mask", "decoder_start"), num_labels=3)
     assert size_problems(config) == []  # every size attribute at most its tiny value, heads divide the width
@@ -60,8 +66,16 @@ def test_size_problems_sees_what_the_shrinker_must_not_leave():
     from transformers import BertConfig
 
     assert size_problems(BertConfig(hidden_size=64, num_attention_heads=3, num_hidden_layers=2)) != []
-    assert size_problems(BertConfig(vocab_size=256, hidden_size=64, num_attention_heads=4, intermediate_size=3072,
-                                    num_hidden_layers=2, max_position_embeddings=128)) == ["intermediate_size=3072 > 128"]
+    assert size_problems(
+        BertConfig(
+            vocab_size=256,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=3072,
+            num_hidden_layers=2,
+            max_position_embeddings=128,
+        )
+    ) == ["intermediate_size=3072 > 128"]
 
 
 def test_tiny_config_keeps_one_layer_of_each_kind():
@@ -128,17 +142,28 @@ def test_gradient_errors_overall_and_worst_parameter():
 
 def _record(model_type, model_class, raw_cell, raw_grads, rewrites_grads):
     mode = {"trainer_losses": [1.0], "ort_losses": [1.0], "detail": None, "step": None, "wall_s": 1.0}
-    return {"task": "seq-cls", "model_type": model_type, "model_class": model_class, "wall_s": 9.0,
-            "reference": {"status": "ok", "wall_s": 1.0},
-            "modes": {"default": {**mode, "cell": "parity", "grad_rel_error": raw_grads},
-                      "raw": {**mode, "cell": raw_cell, "grad_rel_error": raw_grads},
-                      "rewrites": {**mode, "cell": "parity", "grad_rel_error": rewrites_grads}}}
+    return {
+        "task": "seq-cls",
+        "model_type": model_type,
+        "model_class": model_class,
+        "wall_s": 9.0,
+        "reference": {"status": "ok", "wall_s": 1.0},
+        "modes": {
+            "default": {**mode, "cell": "parity", "grad_rel_error": raw_grads},
+            "raw": {**mode, "cell": raw_cell, "grad_rel_error": raw_grads},
+            "rewrites": {**mode, "cell": "parity", "grad_rel_error": rewrites_grads},
+        },
+    }
 
 
 def test_render_lists_only_what_the_thresholds_prove():
-    results = {"seq-cls": {"bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
-                           "convbert": _record("convbert", "ConvBertForSequenceClassification", "parity", 6e-3, 6e-3),
-                           "gpt2": _record("gpt2", "GPT2ForSequenceClassification", "parity", 1e-7, 5e-5)}}
+    results = {
+        "seq-cls": {
+            "bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
+            "convbert": _record("convbert", "ConvBertForSequenceClassification", "parity", 6e-3, 6e-3),
+            "gpt2": _record("gpt2", "GPT2ForSequenceClassification", "parity", 1e-7, 5e-5),
+        }
+    }
     proven = proven_lists(results)
     assert proven["exact"] == ["BertForSequenceClassification", "GPT2ForSequenceClassification"]
     assert proven["padding_rewrites"] == ["BertForSequenceClassification"]
@@ -151,8 +176,13 @@ def test_render_says_what_each_type_not_at_parity_waits_for():
     refused["modes"]["default"]["cell"] = "refused"
     unknown = _record("newtype", "NewTypeForSequenceClassification", "refused", None, None)
     unknown["modes"]["default"]["cell"] = "timeout"
-    results = {"seq-cls": {"bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
-                           "llama4_text": refused, "newtype": unknown}}
+    results = {
+        "seq-cls": {
+            "bert": _record("bert", "BertForSequenceClassification", "parity", 1e-7, 1e-7),
+            "llama4_text": refused,
+            "newtype": unknown,
+        }
+    }
     waiting = markdown(results).split("## Not at parity")[1].split("## Model types")[0]
     assert f"| llama4_text | seq-cls (refused) | {waits_for('llama4_text')} |" in waiting
     assert "polar" in waits_for("llama4_text")

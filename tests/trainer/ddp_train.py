@@ -44,8 +44,14 @@ def tiny_classifier() -> BertForSequenceClassification:
     torch.manual_seed(0)
     return BertForSequenceClassification(
         BertConfig(
-            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            hidden_dropout_prob=0, attention_probs_dropout_prob=0, num_labels=2,
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            hidden_dropout_prob=0,
+            attention_probs_dropout_prob=0,
+            num_labels=2,
         )
     )
 
@@ -64,10 +70,22 @@ def main() -> None:
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     with tempfile.TemporaryDirectory() as output_dir:
         args = ORTTrainingArguments(
-            output_dir=output_dir, ort_fallback="disable", ort_log_level="ERROR", max_steps=STEPS, logging_steps=1,
-            learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True,
-            per_device_train_batch_size=cli.batch, use_cpu=True, ddp_backend="gloo" if launched else None,
-            ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad, gradient_accumulation_steps=cli.accumulation,
+            output_dir=output_dir,
+            ort_fallback="disable",
+            ort_log_level="ERROR",
+            max_steps=STEPS,
+            logging_steps=1,
+            learning_rate=1e-3,
+            seed=0,
+            report_to=[],
+            save_strategy="no",
+            optim="adamw_torch",
+            disable_tqdm=True,
+            per_device_train_batch_size=cli.batch,
+            use_cpu=True,
+            ddp_backend="gloo" if launched else None,
+            ort_mem_efficient_grad_mgmt=cli.mem_efficient_grad,
+            gradient_accumulation_steps=cli.accumulation,
             # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
             # multiply it by the number of processes when averaging tokens across them.
             average_tokens_across_devices=False,

@@ -42,11 +42,19 @@ def deepspeed_config(stage: int, config_optimizer: bool, fp16: bool = False) -> 
         "gradient_clipping": "auto",
     }
     if config_optimizer:
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                           "weight_decay": "auto"}}
-        config["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                                   "warmup_num_steps": "auto",
-                                                                   "total_num_steps": "auto"}}
+        config["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }
+        config["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": "auto",
+                "warmup_max_lr": "auto",
+                "warmup_num_steps": "auto",
+                "total_num_steps": "auto",
+            },
+        }
     return config
 
 
@@ -80,14 +88,28 @@ def main() -> None:
 
     model = tiny_classifier()
     args = ORTTrainingArguments(
-        output_dir=str(cli.output_dir or cli.out.parent / f"{cli.out.stem}_run"), ort_fallback="disable",
-        ort_log_level="ERROR",        max_steps=cli.steps, logging_steps=1, learning_rate=1e-3, warmup_steps=2, seed=0, report_to=[],
-        save_strategy="steps" if cli.save_steps else "no", save_steps=cli.save_steps or 500,
-        optim="adamw_torch", disable_tqdm=True, per_device_train_batch_size=cli.batch, use_cpu=not cli.fp16,
+        output_dir=str(cli.output_dir or cli.out.parent / f"{cli.out.stem}_run"),
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        max_steps=cli.steps,
+        logging_steps=1,
+        learning_rate=1e-3,
+        warmup_steps=2,
+        seed=0,
+        report_to=[],
+        save_strategy="steps" if cli.save_steps else "no",
+        save_steps=cli.save_steps or 500,
+        optim="adamw_torch",
+        disable_tqdm=True,
+        per_device_train_batch_size=cli.batch,
+        use_cpu=not cli.fp16,
         use_ort=use_ort,
-        use_module_with_loss=cli.module_with_loss == "true", ddp_backend=_backend(cli.fp16) if deepspeed else None,
+        use_module_with_loss=cli.module_with_loss == "true",
+        ddp_backend=_backend(cli.fp16) if deepspeed else None,
         deepspeed=deepspeed_config(cli.stage, cli.config_optimizer, cli.fp16) if deepspeed else None,
-        fp16=cli.fp16, ort_save_onnx=cli.onnx_dir is not None, ort_onnx_dir=str(cli.onnx_dir) if cli.onnx_dir else None,
+        fp16=cli.fp16,
+        ort_save_onnx=cli.onnx_dir is not None,
+        ort_onnx_dir=str(cli.onnx_dir) if cli.onnx_dir else None,
         # BertForSequenceClassification's loss is its batch mean: the Trainer (so ORTTrainer) would
         # multiply it by the number of processes when averaging tokens across them.
         average_tokens_across_devices=False,
@@ -118,12 +140,18 @@ def main() -> None:
         losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
         params = {n: p.detach().contiguous().clone() for n, p in trainer.model.named_parameters()}
         save_file(params, str(cli.out.with_suffix(".safetensors")))
-        result = {"losses": losses, "backends": backends, "providers": providers, "world_size": args.world_size,
-                  "steps_run": counter.steps,
-                  "zero_optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,
-                  "fp16_optimizer": fp16_verdict,
-                  "logged_fp16_optimizer": [h["ort/fp16_optimizer"] for h in trainer.state.log_history
-                                            if "ort/fp16_optimizer" in h]}
+        result = {
+            "losses": losses,
+            "backends": backends,
+            "providers": providers,
+            "world_size": args.world_size,
+            "steps_run": counter.steps,
+            "zero_optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,
+            "fp16_optimizer": fp16_verdict,
+            "logged_fp16_optimizer": [
+                h["ort/fp16_optimizer"] for h in trainer.state.log_history if "ort/fp16_optimizer" in h
+            ],
+        }
         cli.out.write_text(json.dumps(result))
     if deepspeed:
         dist.barrier()

@@ -43,7 +43,9 @@ class LineFit(nn.Module):
 def line_dataset(n: int = 64, seed: int = 0) -> Dataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, generator=g)
-    return Dataset.from_dict({"input_x": x.tolist(), "labels": (2 * x + 3 + 0.1 * torch.randn(n, generator=g)).tolist()})
+    return Dataset.from_dict(
+        {"input_x": x.tolist(), "labels": (2 * x + 3 + 0.1 * torch.randn(n, generator=g)).tolist()}
+    )
 
 
 class ConvBatchNormNet(nn.Module):
@@ -131,7 +133,7 @@ def mlm_with_z_loss():
 
 def focal_loss(outputs, labels, num_items_in_batch=None):
     log_p = nn.functional.log_softmax(outputs["logits"].float(), dim=-1).gather(-1, labels[:, None]).squeeze(-1)
-    return (-(1 - log_p.exp()) ** 2 * log_p).mean()
+    return (-((1 - log_p.exp()) ** 2) * log_p).mean()
 
 
 def ragged_dataset(n: int = 48, seed: int = 0) -> Dataset:
@@ -153,18 +155,36 @@ def pad_right_with_lm_labels(rows: list[dict]) -> dict:
 
 # name -> (model factory, dataset factory, extra training arguments, trainer kwargs)
 RECIPES = {
-    "classification-eval-accumulation": (lambda: build(FAMILIES["bert-cls"]), tokens_dataset,
-                                         dict(gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=3,
-                                              save_strategy="steps", save_steps=3, load_best_model_at_end=True,
-                                              metric_for_best_model="eval_loss"), {}),
-    "in-code-regression-tuple-output": (LineFit, line_dataset, dict(eval_strategy="steps", eval_steps=2,
-                                                                    learning_rate=0.1), {}),
+    "classification-eval-accumulation": (
+        lambda: build(FAMILIES["bert-cls"]),
+        tokens_dataset,
+        dict(
+            gradient_accumulation_steps=2,
+            eval_strategy="steps",
+            eval_steps=3,
+            save_strategy="steps",
+            save_steps=3,
+            load_best_model_at_end=True,
+            metric_for_best_model="eval_loss",
+        ),
+        {},
+    ),
+    "in-code-regression-tuple-output": (
+        LineFit,
+        line_dataset,
+        dict(eval_strategy="steps", eval_steps=2, learning_rate=0.1),
+        {},
+    ),
     "regression": (bert_regressor, lambda: tokens_dataset(regression=True), {}, {}),
     "own-weighted-loss": (WeightedLossNet, features_dataset, dict(eval_strategy="steps", eval_steps=3), {}),
     "auxiliary-loss-term": (mlm_with_z_loss, mlm_dataset, {}, {}),
     "compute-loss-func": (lambda: build(FAMILIES["bert-cls"]), tokens_dataset, {}, dict(compute_loss_func=focal_loss)),
     "batchnorm": (ConvBatchNormNet, features_dataset, dict(eval_strategy="steps", eval_steps=3), {}),
     "buffer-written-in-forward": (StepCountingNet, features_dataset, {}, {}),
-    "causal-lm-dynamic-padding": (lambda: build(EXTRA_FAMILIES["qwen2-clm"]), ragged_dataset, {},
-                                  dict(data_collator=pad_right_with_lm_labels)),
+    "causal-lm-dynamic-padding": (
+        lambda: build(EXTRA_FAMILIES["qwen2-clm"]),
+        ragged_dataset,
+        {},
+        dict(data_collator=pad_right_with_lm_labels),
+    ),
 }

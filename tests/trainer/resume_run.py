@@ -17,13 +17,29 @@ def main(shared_data: str, minilm_dir: str, out: str, resume: str, losses_path: 
     dataset = sst2_dataset(Path(shared_data), tok, limit=160, max_length=24)
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=2,  # dropout on: ORT RNG must resume too
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        num_labels=2,  # dropout on: ORT RNG must resume too
     )
     args = ORTTrainingArguments(
-        output_dir=out, max_steps=20, save_steps=10, per_device_train_batch_size=8, learning_rate=1e-3,
-        logging_steps=1, seed=0, report_to=[], optim="adamw_torch", disable_tqdm=True, save_only_model=False,
-        ort_fallback="disable", ort_log_level="ERROR",
+        output_dir=out,
+        max_steps=20,
+        save_steps=10,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        seed=0,
+        report_to=[],
+        optim="adamw_torch",
+        disable_tqdm=True,
+        save_only_model=False,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
     )
     trainer = ORTTrainer(model=BertForSequenceClassification(config), args=args, train_dataset=dataset)
     trainer.train(resume_from_checkpoint=resume or None)

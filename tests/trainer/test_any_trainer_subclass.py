@@ -51,8 +51,12 @@ def test_positional_arguments_reach_the_parents_own_parameters(tmp_path):
 @pytest.mark.parametrize("given", ["recipe", "plain", "ort", "none"])
 def test_the_parent_gets_its_own_config_class_with_the_ort_options(tmp_path, given):
     common = dict(output_dir=str(tmp_path), report_to=[], learning_rate=3e-4)
-    args = {"recipe": lambda: RecipeConfig(beta=0.5, **common), "plain": lambda: TrainingArguments(**common),
-            "ort": lambda: ORTTrainingArguments(ort_fallback="disable", **common), "none": lambda: None}[given]()
+    args = {
+        "recipe": lambda: RecipeConfig(beta=0.5, **common),
+        "plain": lambda: TrainingArguments(**common),
+        "ort": lambda: ORTTrainingArguments(ort_fallback="disable", **common),
+        "none": lambda: None,
+    }[given]()
     trainer = _make(tmp_path, build(FAMILIES["bert-cls"]), args=args)
     assert type(trainer.args) is ort_args_class_for(RecipeConfig)
     assert trainer.args.beta == (0.5 if given == "recipe" else 0.1)
@@ -98,11 +102,14 @@ def test_a_parents_own_compute_loss_trains_through_ort_with_its_loss(tmp_path):
     from tiny_models import tiny_args
 
     losses = {}
-    for name, cls, args_cls in (("plain", WeightedTrainer, TrainingArguments),
-                                ("ort", ORTWeightedTrainer, ORTTrainingArguments)):
+    for name, cls, args_cls in (
+        ("plain", WeightedTrainer, TrainingArguments),
+        ("ort", ORTWeightedTrainer, ORTTrainingArguments),
+    ):
         extra = {"ort_fallback": "disable"} if name == "ort" else {}
-        args = tiny_args(args_cls, tmp_path / name, max_steps=3, per_device_train_batch_size=8, logging_steps=1,
-                         **extra)
+        args = tiny_args(
+            args_cls, tmp_path / name, max_steps=3, per_device_train_batch_size=8, logging_steps=1, **extra
+        )
         trainer = cls(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=rule_dataset(24))
         trainer.train()
         losses[name] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -124,8 +131,10 @@ class ORTPassingOnTrainer(ORTTrainerMixin, PassingOnTrainer):
 
 @pytest.mark.parametrize("positional", [True, False])
 def test_a_parent_that_passes_args_on_gets_its_own_options_and_an_ort_config(tmp_path, positional):
-    model, args = build(FAMILIES["bert-cls"]), TrainingArguments(output_dir=str(tmp_path), report_to=[],
-                                                                learning_rate=2e-4)
+    model, args = (
+        build(FAMILIES["bert-cls"]),
+        TrainingArguments(output_dir=str(tmp_path), report_to=[], learning_rate=2e-4),
+    )
     call = ((model, args), {}) if positional else ((), {"model": model, "args": args})
     trainer = ORTPassingOnTrainer(*call[0], **call[1], train_dataset=rule_dataset(8), class_weights=[1.0, 3.0])
     assert trainer.class_weights == [1.0, 3.0] and trainer.model is model

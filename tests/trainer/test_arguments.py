@@ -90,8 +90,9 @@ def test_bad_values_name_the_flag(argv, flag):
 
 def test_fused_optimizer_with_bf16_says_what_to_change():
     with pytest.raises(ValueError, match="adamw_torch_fused"):
-        ORTTrainingArguments(output_dir=OUT, optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[],
-                             use_ort=False)
+        ORTTrainingArguments(
+            output_dir=OUT, optim=ADAMW_ORT_FUSED, bf16=True, use_cpu=True, report_to=[], use_ort=False
+        )
 
 
 def test_gradient_checkpointing_becomes_layerwise_recompute():

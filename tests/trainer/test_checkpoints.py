@@ -19,9 +19,19 @@ HERE = Path(__file__).resolve().parent
 def _run(shared_data, minilm_dir, out, resume, losses_path):
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     proc = subprocess.run(
-        [sys.executable, str(HERE / "resume_run.py"), str(shared_data), str(minilm_dir), str(out), resume,
-         str(losses_path)],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            str(HERE / "resume_run.py"),
+            str(shared_data),
+            str(minilm_dir),
+            str(out),
+            resume,
+            str(losses_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {int(k): v for k, v in json.loads(Path(losses_path).read_text()).items()}
@@ -44,12 +54,24 @@ def test_saved_model_loads_in_plain_transformers(shared_data, minilm_dir, tmp_pa
     dataset = sst2_dataset(shared_data, tok, limit=64)
     torch.manual_seed(0)
     model = BertForSequenceClassification(
-        BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=64, num_labels=2)
+        BertConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=2,
+        )
     )
     args = ORTTrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=5, per_device_train_batch_size=8, report_to=[],
-        save_strategy="no", disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
+        output_dir=str(tmp_path / "run"),
+        max_steps=5,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
     )
     trainer = ORTTrainer(model=model, args=args, train_dataset=dataset)
     trainer.train()

@@ -83,8 +83,9 @@ def _dense_dataset():
 
 
 def _train(cls_trainer, cls_args, out, family, **kw):
-    args = dict(max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-2,
-                optim="sgd")  # SGD: the weights move by lr x the gradients, so they compare the gradients
+    args = dict(
+        max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=1e-2, optim="sgd"
+    )  # SGD: the weights move by lr x the gradients, so they compare the gradients
     args.update(kw)
     model = build(FAMILIES[family])
     trainer = cls_trainer(model=model, args=tiny_args(cls_args, out, **args), train_dataset=_dense_dataset())
@@ -96,8 +97,9 @@ def _train(cls_trainer, cls_args, out, family, **kw):
 @pytest.mark.parametrize("family", ["gpt2-clm", pytest.param("llama-clm", marks=pytest.mark.slow)])
 def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
-    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family,
-                                     ort_chunked_lm_loss=True)
+    trainer, losses, params = _train(
+        ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family, ort_chunked_lm_loss=True
+    )
     assert trainer.ort_engine_status().backend == "ort"
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
     assert logged["ort/chunked_lm_loss"] == 1.0 and logged["ort/loss_in_graph"] == 1.0

@@ -31,8 +31,17 @@ def _pad_rows(rows):
 def _model():
     torch.manual_seed(0)
     config = tf.AutoConfig.for_model(
-        "convbert", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2)
+        "convbert",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=2,
+    )
     return tf.ConvBertForSequenceClassification(config)
 
 
@@ -43,19 +52,29 @@ def _ragged(seed: int = 0) -> Dataset:
     return Dataset.from_dict({"input_ids": ids, "labels": torch.randint(0, 2, (ROWS,), generator=g).tolist()})
 
 
-
 def _train(tmp_path, ort: bool):
-    args = dict(max_steps=STEPS, per_device_train_batch_size=BATCH, optim="sgd", learning_rate=LR,
-                lr_scheduler_type="constant", use_cpu=True)
+    args = dict(
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        optim="sgd",
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        use_cpu=True,
+    )
     if ort:
         # Padding elimination is no part of this: it is not exact for ConvBERT (its convolution reads
         # padding positions), and the bug was there with ort_hf's padding rewrites off.
-        args = tiny_args(ORTTrainingArguments, tmp_path / "ort", ort_trim_padding=False, ort_eliminate_padding=False,
-                         **args)
+        args = tiny_args(
+            ORTTrainingArguments, tmp_path / "ort", ort_trim_padding=False, ort_eliminate_padding=False, **args
+        )
         trainer = ORTTrainer(model=_model(), args=args, train_dataset=_ragged(), data_collator=_pad_rows)
     else:
-        trainer = Trainer(model=_model(), args=tiny_args(TrainingArguments, tmp_path / "pt", **args),
-                          train_dataset=_ragged(), data_collator=_pad_rows)
+        trainer = Trainer(
+            model=_model(),
+            args=tiny_args(TrainingArguments, tmp_path / "pt", **args),
+            train_dataset=_ragged(),
+            data_collator=_pad_rows,
+        )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return trainer, losses, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -21,10 +21,12 @@ STEPS = 10
 
 def test_ddp_two_ranks_match_single_process(tmp_path):
     ddp_out, single_out = tmp_path / "ddp.json", tmp_path / "single.json"
-    run_all({
-        "ddp": torchrun(SCRIPT, ddp_out, "--batch", "4"),
-        "single": [sys.executable, str(SCRIPT), str(single_out), "--batch", "8"],
-    })
+    run_all(
+        {
+            "ddp": torchrun(SCRIPT, ddp_out, "--batch", "4"),
+            "single": [sys.executable, str(SCRIPT), str(single_out), "--batch", "8"],
+        }
+    )
     ddp, ddp_params = load_result(ddp_out)
     single, single_params = load_result(single_out)
     assert ddp["world_size"] == 2 and single["world_size"] == 1
@@ -43,10 +45,12 @@ def test_ddp_with_memory_efficient_gradients_matches_plain_ddp(tmp_path):
     """ORT hands each gradient to DDP from inside its backward (param.backward(grad)); with
     gradient accumulation the losses and weights equal plain DDP's."""
     common = ("--batch", "2", "--accumulation", "2")
-    run_all({
-        "plain": torchrun(SCRIPT, tmp_path / "plain.json", *common),
-        "mem_efficient": torchrun(SCRIPT, tmp_path / "mem.json", *common, "--mem_efficient_grad"),
-    })
+    run_all(
+        {
+            "plain": torchrun(SCRIPT, tmp_path / "plain.json", *common),
+            "mem_efficient": torchrun(SCRIPT, tmp_path / "mem.json", *common, "--mem_efficient_grad"),
+        }
+    )
     (plain, plain_params), (mem, mem_params) = load_result(tmp_path / "plain.json"), load_result(tmp_path / "mem.json")
     assert mem["world_size"] == 2 and mem["backends"] == ["ort", "ort"]
     assert len(mem["losses"]) == STEPS

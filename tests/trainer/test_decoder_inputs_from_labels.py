@@ -16,15 +16,29 @@ from ort_hf.module_with_loss.module_with_loss import CROSS_ENTROPY, ModuleWithLo
 OPTIONS = ORTOptions(fallback="disable", log_level="ERROR", intra_op_threads=1, preflight="never")
 
 
-
 def _tiny(name):
     torch.manual_seed(0)
-    size = {"vocab_size": 64, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
-            "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 64,
-            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2,
-            # no random draws (dropout, LayerDrop): the two runs are compared step by step
-            "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
-            "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0}
+    size = {
+        "vocab_size": 64,
+        "d_model": 16,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2,
+        "encoder_ffn_dim": 32,
+        "decoder_ffn_dim": 32,
+        "max_position_embeddings": 64,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 2,
+        # no random draws (dropout, LayerDrop): the two runs are compared step by step
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "encoder_layerdrop": 0.0,
+        "decoder_layerdrop": 0.0,
+    }
     if name == "blenderbot-small":
         return tf.BlenderbotSmallForConditionalGeneration(tf.BlenderbotSmallConfig(**size))
     return tf.M2M100ForConditionalGeneration(tf.M2M100Config(**size))
@@ -62,6 +76,9 @@ def test_cross_entropy_trains_as_the_models_own_loss_through_ort(name):
     assert wrapped.engine_status().backend == "ort"
     # The model's own loss from the labels it was given is dropped from the graph: one cross-entropy.
     ops = [node.op_type for node in wrapped.training_graph().graph.node]
-    losses = [op for op in ops if op in ("SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossInternal",
-                                         "NegativeLogLikelihoodLoss")]
+    losses = [
+        op
+        for op in ops
+        if op in ("SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossInternal", "NegativeLogLikelihoodLoss")
+    ]
     assert len(losses) == 1, losses

@@ -30,10 +30,12 @@ def _loss_diffs(a: dict, b: dict, steps) -> list[float]:
 
 def test_zero2_through_ort_matches_one_process(tmp_path):
     zero2, single = tmp_path / "zero2.json", tmp_path / "single.json"
-    run_all({
-        "zero2": torchrun(SCRIPT, zero2, "--stage", "2"),
-        "single": [sys.executable, str(SCRIPT), str(single), "--stage", "0", "--batch", "8"],
-    })
+    run_all(
+        {
+            "zero2": torchrun(SCRIPT, zero2, "--stage", "2"),
+            "single": [sys.executable, str(SCRIPT), str(single), "--stage", "0", "--batch", "8"],
+        }
+    )
     (ds, ds_params), (one, one_params) = load_result(zero2), load_result(single)
     assert ds["world_size"] == 2 and ds["backends"] == ["ort", "ort"] and one["backends"] == ["ort"]
     assert ds["zero_optimizer"] == "DeepSpeedZeroOptimizer"
@@ -48,10 +50,12 @@ def test_zero2_through_ort_matches_one_process(tmp_path):
 def test_zero1_with_config_optimizer_matches_plain_deepspeed(tmp_path):
     """DeepSpeed builds the optimizer and scheduler from its config (the Trainer's DummyOptim path)."""
     common = ("--stage", "1", "--config_optimizer", "--module_with_loss", "false")
-    run_all({
-        "ort": torchrun(SCRIPT, tmp_path / "ort.json", *common),
-        "pytorch": torchrun(SCRIPT, tmp_path / "pt.json", *common, "--use_ort", "false"),
-    })
+    run_all(
+        {
+            "ort": torchrun(SCRIPT, tmp_path / "ort.json", *common),
+            "pytorch": torchrun(SCRIPT, tmp_path / "pt.json", *common, "--use_ort", "false"),
+        }
+    )
     (ort, ort_params), (pt, pt_params) = load_result(tmp_path / "ort.json"), load_result(tmp_path / "pt.json")
     assert ort["backends"] == ["ort", "ort"] and pt["backends"] == ["pytorch", "pytorch"]
     assert len(ort["losses"]) == STEPS
@@ -68,10 +72,17 @@ def test_zero2_checkpoint_is_plain_hf_and_resume_continues(tmp_path):
     model, info = BertForSequenceClassification.from_pretrained(checkpoint, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
 
-    run_all({"resumed": torchrun(SCRIPT, resumed, "--stage", "2", "--output_dir", tmp_path / "run2",
-                                 "--resume", checkpoint)})
+    run_all(
+        {
+            "resumed": torchrun(
+                SCRIPT, resumed, "--stage", "2", "--output_dir", tmp_path / "run2", "--resume", checkpoint
+            )
+        }
+    )
     (a, a_params), (b, b_params) = load_result(full), load_result(resumed)
     assert b["backends"] == ["ort", "ort"]
-    assert a["steps_run"] == STEPS and b["steps_run"] == STEPS - 5  # continued from step 5, not retrained from the start
+    assert (
+        a["steps_run"] == STEPS and b["steps_run"] == STEPS - 5
+    )  # continued from step 5, not retrained from the start
     assert max(_loss_diffs(a, b, range(6, STEPS + 1))) <= 1e-5
     assert_close_params(b_params, a_params, 1e-5)

@@ -15,19 +15,35 @@ from transformers import Trainer, TrainingArguments
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 ADDED_KEY_PREFIXES = ("ort/", "density/", "memory/", "tokens/", "throughput/")
-MEASURED_KEY_PREFIXES = ("memory/", "throughput/", "tokens/non_padding_per_s", "ort/export_s", "ort/first_step_s",
-                         "ort/export_peak_mb")
+MEASURED_KEY_PREFIXES = (
+    "memory/",
+    "throughput/",
+    "tokens/non_padding_per_s",
+    "ort/export_s",
+    "ort/first_step_s",
+    "ort/export_peak_mb",
+)
 
 
 def _run(recipe: str, out, ort: bool, resume: str | None = None, **overrides):
     make_model, make_data, extra, trainer_kwargs = RECIPES[recipe]
     torch.manual_seed(0)
     model, data = make_model(), make_data()
-    args = {"max_steps": 6, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8, "learning_rate": 1e-3,
-            **extra, **overrides}
+    args = {
+        "max_steps": 6,
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 8,
+        "learning_rate": 1e-3,
+        **extra,
+        **overrides,
+    }
     trainer = (ORTTrainer if ort else Trainer)(
-        model=model, args=tiny_args(ORTTrainingArguments if ort else TrainingArguments, out, **args),
-        train_dataset=data, eval_dataset=data if "eval_strategy" in args else None, **trainer_kwargs)
+        model=model,
+        args=tiny_args(ORTTrainingArguments if ort else TrainingArguments, out, **args),
+        train_dataset=data,
+        eval_dataset=data if "eval_strategy" in args else None,
+        **trainer_kwargs,
+    )
     trainer.train(resume_from_checkpoint=resume)
     if ort:
         assert trainer.ort_engine_status().backend == "ort", trainer.ort_engine_status()
@@ -51,7 +67,9 @@ def assert_same_logs(ref: list[dict], got: list[dict], added_prefixes=ADDED_KEY_
             if _is_measured(key):
                 continue
             if isinstance(value, float):
-                assert math.isclose(g[key], value, rel_tol=rtol, abs_tol=1e-6), f"entry {step} {key}: {g[key]} vs {value}"
+                assert math.isclose(g[key], value, rel_tol=rtol, abs_tol=1e-6), (
+                    f"entry {step} {key}: {g[key]} vs {value}"
+                )
             else:
                 assert g[key] == value, f"entry {step} {key}: {g[key]} vs {value}"
 
@@ -92,8 +110,9 @@ def _initial(recipe: str) -> dict:
 def test_resumed_run_logs_and_trains_as_the_uninterrupted_one(recipe, tmp_path):
     save = dict(save_strategy="steps", save_steps=3)
     full, full_state = _run(recipe, tmp_path / "full", ort=True, **save)
-    resumed, resumed_state = _run(recipe, tmp_path / "part", ort=True, resume=_copy_checkpoint(tmp_path, "full", "part"),
-                                  **save)
+    resumed, resumed_state = _run(
+        recipe, tmp_path / "part", ort=True, resume=_copy_checkpoint(tmp_path, "full", "part"), **save
+    )
     ref, ref_state = _run(recipe, tmp_path / "pt", ort=False, resume=_copy_checkpoint(tmp_path, "full", "pt"), **save)
     assert_same_state(full_state, resumed_state)
     assert_same_state(ref_state, resumed_state)

@@ -19,9 +19,21 @@ STEPS = 4
 def _model(pooling: str):
     torch.manual_seed(0)
     config = tf.AutoConfig.for_model(
-        "eurobert", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, mask_token_id=3, num_labels=2, classifier_pooling=pooling, attention_dropout=0.0,
+        "eurobert",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        mask_token_id=3,
+        num_labels=2,
+        classifier_pooling=pooling,
+        attention_dropout=0.0,
     )
     return tf.EuroBertForSequenceClassification(config)
 
@@ -30,8 +42,9 @@ def _dataset() -> Dataset:
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(4, 15, (STEPS * 4,), generator=g).tolist()
     ids = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
-    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * n for n in lengths],
-                              "label": [row[0] % 2 for row in ids]})
+    return Dataset.from_dict(
+        {"input_ids": ids, "attention_mask": [[1] * n for n in lengths], "label": [row[0] % 2 for row in ids]}
+    )
 
 
 def _collator():
@@ -41,14 +54,18 @@ def _collator():
 
     vocab = {"[PAD]": 0, "[UNK]": 1}
     tokenizer = tf.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")), pad_token="[PAD]")
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")), pad_token="[PAD]"
+    )
     return tf.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
 
 
 def _losses(pooling: str, out, ort: dict | None):
     run = dict(max_steps=STEPS, per_device_train_batch_size=4, learning_rate=0.1, optim="sgd", use_cpu=True)
-    args = tiny_args(ORTTrainingArguments, out, **run, **ort) if ort is not None else tiny_args(
-        tf.TrainingArguments, out, **run)
+    args = (
+        tiny_args(ORTTrainingArguments, out, **run, **ort)
+        if ort is not None
+        else tiny_args(tf.TrainingArguments, out, **run)
+    )
     trainer_cls = ORTTrainer if ort is not None else tf.Trainer
     trainer = trainer_cls(model=_model(pooling), args=args, train_dataset=_dataset(), data_collator=_collator())
     trainer.train()

@@ -14,11 +14,19 @@ def test_exported_minilm_matches_pytorch_on_real_sentences(tmp_path, shared_data
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     torch.manual_seed(0)
     model = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2)
-    args = ORTTrainingArguments(output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=8,
-                                report_to=[], save_strategy="no", disable_tqdm=True, ort_fallback="disable",
-                                ort_log_level="ERROR")
-    trainer = ORTTrainer(model=model, args=args, train_dataset=sst2_dataset(shared_data, tok, limit=32),
-                         processing_class=tok)
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+    )
+    trainer = ORTTrainer(
+        model=model, args=args, train_dataset=sst2_dataset(shared_data, tok, limit=32), processing_class=tok
+    )
     trainer.train()
     path = trainer.export_onnx(str(tmp_path / "onnx"))
     assert (tmp_path / "onnx" / "tokenizer.json").exists() and (tmp_path / "onnx" / "config.json").exists()
@@ -66,8 +74,17 @@ def test_every_head_exports_its_outputs_by_name(head, tmp_path):
         np.testing.assert_allclose(value, expected[name].numpy(), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("head", ["question-answering", "sequence-classification", "token-classification",
-                                  "multiple-choice", "causal-lm", "seq2seq-t5"])
+@pytest.mark.parametrize(
+    "head",
+    [
+        "question-answering",
+        "sequence-classification",
+        "token-classification",
+        "multiple-choice",
+        "causal-lm",
+        "seq2seq-t5",
+    ],
+)
 def test_default_export_after_each_head_leaves_out_its_label_inputs(head, tmp_path):
     """trainer.export_onnx(dir) with the default sample batch: no label input (labels, start_positions /
     end_positions) reaches the inference model; an encoder-decoder takes the decoder inputs instead."""
@@ -75,9 +92,11 @@ def test_default_export_after_each_head_leaves_out_its_label_inputs(head, tmp_pa
 
     make_model, kind, _ = HEADS[head]
     data = _data(kind)
-    trainer = ORTTrainer(model=make_model(), args=ORTTrainingArguments(output_dir=str(tmp_path / "run"), report_to=[],
-                                                                       per_device_eval_batch_size=4),
-                         train_dataset=data)
+    trainer = ORTTrainer(
+        model=make_model(),
+        args=ORTTrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], per_device_eval_batch_size=4),
+        train_dataset=data,
+    )
     path = trainer.export_onnx(str(tmp_path / "onnx"))  # checks onnxruntime against PyTorch itself
     names = {i.name for i in onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()}
     labels = {"labels", "start_positions", "end_positions"}

@@ -27,15 +27,31 @@ def _bert_head(cls, **config):
         for key, value in config.items():
             setattr(cfg, key, value)
         return cls(cfg)
+
     return make
 
 
 def _bart():
     torch.manual_seed(0)
-    return tf.BartForConditionalGeneration(tf.BartConfig(
-        vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0,
-        attention_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2))
+    return tf.BartForConditionalGeneration(
+        tf.BartConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+        )
+    )
 
 
 def _data(kind: str) -> Dataset:
@@ -53,8 +69,11 @@ def _data(kind: str) -> Dataset:
         rows.update(start_positions=start.tolist(), end_positions=(start + 2).tolist())
     elif kind == "choice":
         choices = _ids(g, ROWS * 3).view(ROWS, 3, SEQ)
-        rows = {"input_ids": choices.tolist(), "attention_mask": torch.ones_like(choices).tolist(),
-                "labels": (choices[:, :, 0].argmax(-1)).tolist()}
+        rows = {
+            "input_ids": choices.tolist(),
+            "attention_mask": torch.ones_like(choices).tolist(),
+            "labels": (choices[:, :, 0].argmax(-1)).tolist(),
+        }
     elif kind == "mlm":
         chosen = torch.rand(ids.shape, generator=g) < 0.25
         chosen[:, 1] = True
@@ -85,15 +104,20 @@ HEADS = {
 }
 
 
-
 def _train(head: str, out, ort: bool):
     make_model, kind, _ = HEADS[head]
     model = make_model()
     model.train()
     # SGD: Adam would turn float noise in gradients that are zero in exact arithmetic (a QA head's
     # bias shifts every position's logit alike) into steps of lr.
-    args = tiny_args(ORTTrainingArguments if ort else TrainingArguments, out, max_steps=4, per_device_train_batch_size=4,
-                     learning_rate=1e-2, optim="sgd")
+    args = tiny_args(
+        ORTTrainingArguments if ort else TrainingArguments,
+        out,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        optim="sgd",
+    )
     trainer = (ORTTrainer if ort else Trainer)(model=model, args=args, train_dataset=_data(kind))
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

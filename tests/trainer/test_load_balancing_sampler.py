@@ -34,9 +34,17 @@ def test_trainer_uses_it(tmp_path):
         def on_step_end(self, args, state, control, **kwargs):
             seen.append(state.global_step)
 
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=8, report_to=[],
-                                save_strategy="no", disable_tqdm=True, ort_fallback="disable", ort_log_level="ERROR",
-                                ort_load_balancing_sampler=True)
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+        ort_load_balancing_sampler=True,
+    )
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data, callbacks=[Batches()])
     loader = trainer.get_train_dataloader()
     assert isinstance(getattr(loader.batch_sampler, "batch_sampler", loader.batch_sampler), LoadBalancingBatchSampler)

@@ -15,8 +15,10 @@ peft = pytest.importorskip("peft", reason="peft is not installed (pip install 'o
 
 def _lora(model, task_type="CAUSAL_LM", target=("q_proj", "v_proj"), **kw):
     torch.manual_seed(1)
-    return peft.get_peft_model(model, peft.LoraConfig(task_type=task_type, r=4, lora_alpha=8, lora_dropout=0.0,
-                                                      target_modules=list(target), **kw))
+    return peft.get_peft_model(
+        model,
+        peft.LoraConfig(task_type=task_type, r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(target), **kw),
+    )
 
 
 def _clm_data(rows=16, seq=12):
@@ -25,8 +27,11 @@ def _clm_data(rows=16, seq=12):
 
 def _train(out, ort: bool, model=None, data=None, resume=None, **kw):
     model = model if model is not None else _lora(build(FAMILIES["llama-clm"]))
-    args = tiny_args(ORTTrainingArguments if ort else TrainingArguments, out,
-                     **{"max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-2, "optim": "sgd", **kw})
+    args = tiny_args(
+        ORTTrainingArguments if ort else TrainingArguments,
+        out,
+        **{"max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-2, "optim": "sgd", **kw},
+    )
     trainer = (ORTTrainer if ort else Trainer)(model=model, args=args, train_dataset=data or _clm_data())
     trainer.train(resume_from_checkpoint=resume)
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -72,8 +77,9 @@ def test_lora_resume_continues_the_run(tmp_path):
     import shutil
 
     shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "part" / "checkpoint-2")
-    part, part_losses = _train(tmp_path / "part", True, resume=str(tmp_path / "part" / "checkpoint-2"),
-                               save_strategy="steps", save_steps=2)
+    part, part_losses = _train(
+        tmp_path / "part", True, resume=str(tmp_path / "part" / "checkpoint-2"), save_strategy="steps", save_steps=2
+    )
     assert part.ort_engine_status().backend == "ort"
     assert part_losses == pytest.approx(full_losses, abs=1e-5)
     for name, value in _weights(part.model).items():
@@ -88,7 +94,8 @@ def test_lora_on_packaged_minilm_classifier(minilm_dir, tmp_path):
     for ort in (False, True):
         torch.manual_seed(0)
         base = BertForSequenceClassification.from_pretrained(  # no dropout: ORT draws other masks than torch
-            minilm_dir, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+            minilm_dir, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
         model = _lora(base, task_type="SEQ_CLS", target=("query", "value"))
         trainer, losses = _train(tmp_path / str(ort), ort, model, data)
         runs[ort] = (losses, _weights(model))

@@ -34,15 +34,17 @@ def _logged(trainer, key):
 @pytest.fixture(scope="module")
 def pytorch_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("pt")
-    return {prompt: _train(Trainer, TrainingArguments, out / str(prompt), _clm_dataset(prompt))
-            for prompt in (0, SEQ // 2)}
+    return {
+        prompt: _train(Trainer, TrainingArguments, out / str(prompt), _clm_dataset(prompt)) for prompt in (0, SEQ // 2)
+    }
 
 
 @pytest.mark.parametrize("placement", ["auto", "always"])
 def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs, tmp_path, placement):
     _, ref_losses, ref_params = pytorch_runs[0]
-    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(0),
-                                     ort_loss_in_graph=placement)
+    trainer, losses, params = _train(
+        ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(0), ort_loss_in_graph=placement
+    )
     assert trainer.ort_engine_status().backend == "ort"
     assert _logged(trainer, "ort/loss_in_graph") == (placement == "always")
     assert trainer.ort_engine.label_sparsity_fired() is False  # nothing to drop at ~97% density
@@ -57,8 +59,9 @@ def test_gpt2_labels_are_shifted_like_its_own_loss(tmp_path, placement):
     its labels; ModuleWithLoss must shift them anyway, in PyTorch and in the ORT graph."""
     data = _clm_dataset(0)
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", data, family="gpt2-clm")
-    trainer, losses, params = _train(ORTTrainer, ORTTrainingArguments, tmp_path / "ort", data, family="gpt2-clm",
-                                     ort_loss_in_graph=placement)
+    trainer, losses, params = _train(
+        ORTTrainer, ORTTrainingArguments, tmp_path / "ort", data, family="gpt2-clm", ort_loss_in_graph=placement
+    )
     assert trainer.ort_engine_status().backend == "ort"
     assert trainer._ort_run.loss_module.shift_labels is True
     assert max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-4
@@ -81,8 +84,15 @@ def test_never_computes_a_sequence_classification_loss_in_pytorch(tmp_path):
     data = id_dataset(16, 12, lambda ids, g: torch.randint(0, 2, (16,), generator=g), seed=1, attention_mask=False)
     runs = {}
     for placement in ("auto", "never"):
-        args = tiny_args(ORTTrainingArguments, tmp_path / placement, max_steps=3, per_device_train_batch_size=4,
-                         learning_rate=1e-3, label_smoothing_factor=0.1, ort_loss_in_graph=placement)
+        args = tiny_args(
+            ORTTrainingArguments,
+            tmp_path / placement,
+            max_steps=3,
+            per_device_train_batch_size=4,
+            learning_rate=1e-3,
+            label_smoothing_factor=0.1,
+            ort_loss_in_graph=placement,
+        )
         trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=data)
         trainer.train()
         runs[placement] = [h["loss"] for h in trainer.state.log_history if "loss" in h]

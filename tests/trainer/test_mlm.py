@@ -22,8 +22,14 @@ def dataset(shared_data, tokenizer):
 
 def _args(cls, out, **kw):
     base = dict(
-        output_dir=str(out), learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no",
-        optim="adamw_torch", disable_tqdm=True,
+        output_dir=str(out),
+        learning_rate=1e-3,
+        logging_steps=1,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        optim="adamw_torch",
+        disable_tqdm=True,
     )
     base.update(kw)
     if cls is ORTTrainingArguments:
@@ -37,12 +43,18 @@ def _losses(trainer):
 
 def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_path, caplog):
     steps = dict(max_steps=8, per_device_train_batch_size=8)
-    ref = Trainer(model=tiny_bert_mlm(tokenizer.vocab_size), args=_args(TrainingArguments, tmp_path / "pt", **steps),
-                  train_dataset=dataset)
+    ref = Trainer(
+        model=tiny_bert_mlm(tokenizer.vocab_size),
+        args=_args(TrainingArguments, tmp_path / "pt", **steps),
+        train_dataset=dataset,
+    )
     ref.train()
     with caplog.at_level(logging.WARNING, logger="ort_hf"):
-        trainer = ORTTrainer(model=tiny_bert_mlm(tokenizer.vocab_size),
-                             args=_args(ORTTrainingArguments, tmp_path / "ort", **steps), train_dataset=dataset)
+        trainer = ORTTrainer(
+            model=tiny_bert_mlm(tokenizer.vocab_size),
+            args=_args(ORTTrainingArguments, tmp_path / "ort", **steps),
+            train_dataset=dataset,
+        )
         trainer.train()
     engine = trainer.ort_engine
     assert engine.engine_status().backend == "ort"
@@ -67,8 +79,9 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
 def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
     trainer = ORTTrainer(
         model=tiny_bert_mlm(tokenizer.vocab_size),
-        args=_args(ORTTrainingArguments, tmp_path, max_steps=1, per_device_train_batch_size=8,
-                   ort_enable_label_sparsity=False),
+        args=_args(
+            ORTTrainingArguments, tmp_path, max_steps=1, per_device_train_batch_size=8, ort_enable_label_sparsity=False
+        ),
         train_dataset=dataset,
     )
     trainer.train()
@@ -84,8 +97,13 @@ def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
     runs = {}
     for cls_trainer, cls_args in ((Trainer, TrainingArguments), (ORTTrainer, ORTTrainingArguments)):
         model = tiny_bert_mlm(tokenizer.vocab_size)
-        args = _args(cls_args, tmp_path / cls_trainer.__name__, max_steps=4, per_device_train_batch_size=4,
-                     gradient_accumulation_steps=2)
+        args = _args(
+            cls_args,
+            tmp_path / cls_trainer.__name__,
+            max_steps=4,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+        )
         trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
         runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})

@@ -25,9 +25,19 @@ def test_exportable_hook_draws_the_trainers_noise():
 def _train(tmp_path, alpha):
     data = id_dataset(16, 12, lambda ids, g: ids, attention_mask=False)
     model = build(FAMILIES["llama-clm"])
-    args = ORTTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, logging_steps=1,
-                                learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True,
-                                neftune_noise_alpha=alpha, ort_fallback="disable", ort_log_level="ERROR")
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        neftune_noise_alpha=alpha,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
+    )
     trainer = ORTTrainer(model=model, args=args, train_dataset=data)
     trainer.train()
     assert trainer.ort_engine_status().backend == "ort"

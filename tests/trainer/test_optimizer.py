@@ -10,7 +10,11 @@ from ort_hf.trainer import ADAMW_ORT_FUSED, ORTTrainer, ORTTrainingArguments
 
 def _args(optim):
     return ORTTrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="ort_hf_optim-"), optim=optim, learning_rate=1e-3, weight_decay=0.01, report_to=[],
+        output_dir=tempfile.mkdtemp(prefix="ort_hf_optim-"),
+        optim=optim,
+        learning_rate=1e-3,
+        weight_decay=0.01,
+        report_to=[],
         use_cpu=True,
     )
 

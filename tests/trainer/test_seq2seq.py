@@ -23,10 +23,20 @@ def token_match(eval_pred):
 def _run(cls_trainer, cls_args, out):
     torch.manual_seed(0)
     model = tf.T5ForConditionalGeneration(_t5(0.0, "eager"))
-    args = tiny_args(cls_args, out, max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=8,
-                     learning_rate=0.05, optim="sgd", predict_with_generate=True, generation_max_length=6)
-    trainer = cls_trainer(model=model, args=args, train_dataset=_data(), eval_dataset=_data(8),
-                          compute_metrics=token_match)
+    args = tiny_args(
+        cls_args,
+        out,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        learning_rate=0.05,
+        optim="sgd",
+        predict_with_generate=True,
+        generation_max_length=6,
+    )
+    trainer = cls_trainer(
+        model=model, args=args, train_dataset=_data(), eval_dataset=_data(8), compute_metrics=token_match
+    )
     trainer.train()
     return trainer, trainer.evaluate()
 

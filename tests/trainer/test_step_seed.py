@@ -38,8 +38,16 @@ class ORTWeightedTrainer(ORTTrainerMixin, WeightedTrainer):
 
 def _train(trainer_cls, out, resume=None, module_with_loss=False):
     model = build(FAMILIES["bert-cls"], dropout=0.2)
-    args = tiny_args(ORTTrainingArguments, out, max_steps=4, save_steps=2, save_strategy="steps",
-                     per_device_train_batch_size=8, learning_rate=1e-3, use_module_with_loss=module_with_loss)
+    args = tiny_args(
+        ORTTrainingArguments,
+        out,
+        max_steps=4,
+        save_steps=2,
+        save_strategy="steps",
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        use_module_with_loss=module_with_loss,
+    )
     trainer = trainer_cls(model=model, args=args, train_dataset=rule_dataset(32))
     trainer.train(resume_from_checkpoint=resume)
     assert trainer.ort_engine_status().backend == "ort"
@@ -48,13 +56,19 @@ def _train(trainer_cls, out, resume=None, module_with_loss=False):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("trainer_cls, module_with_loss", [(ORTTrainer, True), (ORTTrainer, False),
-                                                          (OwnLossTrainer, False), (ORTWeightedTrainer, False)],
-                         ids=["module-with-loss", "model-loss", "own-compute-loss", "mixin-over-own-trainer"])
+@pytest.mark.parametrize(
+    "trainer_cls, module_with_loss",
+    [(ORTTrainer, True), (ORTTrainer, False), (OwnLossTrainer, False), (ORTWeightedTrainer, False)],
+    ids=["module-with-loss", "model-loss", "own-compute-loss", "mixin-over-own-trainer"],
+)
 def test_resumed_run_draws_the_uninterrupted_masks(trainer_cls, module_with_loss, tmp_path):
     full = _train(trainer_cls, tmp_path / "full", module_with_loss=module_with_loss)
-    resumed = _train(trainer_cls, tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"),
-                     module_with_loss=module_with_loss)
+    resumed = _train(
+        trainer_cls,
+        tmp_path / "resumed",
+        resume=str(tmp_path / "full" / "checkpoint-2"),
+        module_with_loss=module_with_loss,
+    )
     worst = max(float((full[n] - resumed[n]).abs().max()) for n in full)
     assert worst <= 1e-6, f"resumed weights differ by {worst:.1e}: other dropout masks"
 

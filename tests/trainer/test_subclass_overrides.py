@@ -138,20 +138,29 @@ class ORTGroupTrainer(ORTTrainerMixin, GroupTrainer):
 
 @pytest.mark.parametrize("given", [{}, {"group_rows": 2}, {"groups_per_step": 2}], ids=["neither", "rows", "groups"])
 def test_a_configs_derived_fields_are_derived_again_not_passed_back(tmp_path, given):
-    config = GroupConfig(output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8, learning_rate=3e-4,
-                         **given)
+    config = GroupConfig(
+        output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8, learning_rate=3e-4, **given
+    )
     trainer = ORTGroupTrainer(build(FAMILIES["bert-cls"]), config, train_dataset=rule_dataset(8))
     assert type(trainer.args) is ort_args_class_for(GroupConfig)
     for name in ("group_rows", "groups_per_step", "learning_rate", "per_device_train_batch_size"):
         assert getattr(trainer.args, name) == getattr(config, name), name
 
 
-@pytest.mark.parametrize("given", [{}, {"steps_per_generation": 4}, {"generation_batch_size": 16}],
-                         ids=["default", "steps", "batch"])
+@pytest.mark.parametrize(
+    "given", [{}, {"steps_per_generation": 4}, {"generation_batch_size": 16}], ids=["default", "steps", "batch"]
+)
 def test_grpo_config_rebuilds_as_its_ort_config(tmp_path, given):
     trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'ort_hf[trl]')")
-    config = trl.GRPOConfig(output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=4, num_generations=2,
-                            bf16=False, use_cpu=True, **given)
+    config = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=2,
+        bf16=False,
+        use_cpu=True,
+        **given,
+    )
     ours = as_ort_args(config, ort_args_class_for(trl.GRPOConfig), trl.GRPOConfig)
     assert isinstance(ours, trl.GRPOConfig) and isinstance(ours, ORTTrainingArguments)
     for name in ("generation_batch_size", "steps_per_generation", "num_generations", "per_device_train_batch_size"):
@@ -161,11 +170,28 @@ def test_grpo_config_rebuilds_as_its_ort_config(tmp_path, given):
 def test_every_value_set_survives_the_rebuild(tmp_path):
     import dataclasses
 
-    config = TrainingArguments(output_dir=str(tmp_path), report_to=[], learning_rate=3e-4, warmup_steps=7,
-                               lr_scheduler_type="cosine", gradient_accumulation_steps=3, logging_steps=5,
-                               save_strategy="no", eval_strategy="steps", eval_steps=11, seed=9, weight_decay=0.1,
-                               label_names=["y"], run_name="mine", max_grad_norm=0.5, use_cpu=True)
+    config = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to=[],
+        learning_rate=3e-4,
+        warmup_steps=7,
+        lr_scheduler_type="cosine",
+        gradient_accumulation_steps=3,
+        logging_steps=5,
+        save_strategy="no",
+        eval_strategy="steps",
+        eval_steps=11,
+        seed=9,
+        weight_decay=0.1,
+        label_names=["y"],
+        run_name="mine",
+        max_grad_norm=0.5,
+        use_cpu=True,
+    )
     ours = as_ort_args(config, ORTTrainingArguments)
-    differing = [f.name for f in dataclasses.fields(TrainingArguments)
-                 if f.init and getattr(ours, f.name) != getattr(config, f.name)]
+    differing = [
+        f.name
+        for f in dataclasses.fields(TrainingArguments)
+        if f.init and getattr(ours, f.name) != getattr(config, f.name)
+    ]
     assert differing == []

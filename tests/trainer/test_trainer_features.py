@@ -13,9 +13,17 @@ _dataset = rule_dataset
 
 def _args(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=8, per_device_eval_batch_size=8,
-        learning_rate=1e-3, logging_steps=2, report_to=[], save_strategy="no", disable_tqdm=True,
-        ort_fallback="disable", ort_log_level="ERROR",
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=2,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        ort_fallback="disable",
+        ort_log_level="ERROR",
     )
     base.update(kw)
     return ORTTrainingArguments(**base)
@@ -70,19 +78,25 @@ def test_eval_in_ort_matches_pytorch_eval(tmp_path):
     metrics = {}
     for in_ort in (False, True):
         trainer = ORTTrainer(
-            model=build(FAMILIES["bert-cls"]), args=_args(tmp_path / str(in_ort), ort_eval_in_ort=in_ort),
-            train_dataset=_dataset(), eval_dataset=_dataset(16, seed=1),
+            model=build(FAMILIES["bert-cls"]),
+            args=_args(tmp_path / str(in_ort), ort_eval_in_ort=in_ort),
+            train_dataset=_dataset(),
+            eval_dataset=_dataset(16, seed=1),
         )
         trainer.train()
         metrics[in_ort] = trainer.evaluate()["eval_loss"]
         if in_ort:
-            assert trainer._ort_run.eval_engine is not None and trainer._ort_run.eval_engine.engine_status().backend == "ort"
+            assert (
+                trainer._ort_run.eval_engine is not None
+                and trainer._ort_run.eval_engine.engine_status().backend == "ort"
+            )
     assert abs(metrics[True] - metrics[False]) <= 1e-5
 
 
 def test_use_ort_false_is_plain_pytorch(tmp_path):
-    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, use_ort=False),
-                         train_dataset=_dataset())
+    trainer = ORTTrainer(
+        model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, use_ort=False), train_dataset=_dataset()
+    )
     trainer.train()
     assert trainer.ort_engine is None
     assert trainer.state.global_step == 6
@@ -91,8 +105,15 @@ def test_use_ort_false_is_plain_pytorch(tmp_path):
 def test_plain_training_arguments_are_accepted(tmp_path):
     from transformers import TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, report_to=[],
-                             save_strategy="no", learning_rate=3e-4, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=3e-4,
+        disable_tqdm=True,
+    )
     trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=args, train_dataset=_dataset())
     assert isinstance(trainer.args, ORTTrainingArguments) and trainer.args.learning_rate == 3e-4
     trainer.train()
@@ -100,8 +121,9 @@ def test_plain_training_arguments_are_accepted(tmp_path):
 
 
 def test_auto_find_batch_size_trains(tmp_path):
-    trainer = ORTTrainer(model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, auto_find_batch_size=True),
-                         train_dataset=_dataset())
+    trainer = ORTTrainer(
+        model=build(FAMILIES["bert-cls"]), args=_args(tmp_path, auto_find_batch_size=True), train_dataset=_dataset()
+    )
     trainer.train()
     assert trainer.state.global_step == 6 and trainer.ort_engine.engine_status().backend == "ort"
 
@@ -119,12 +141,18 @@ def test_compare_steps_logs_break_even_and_stays_one_run(tmp_path):
     runs = {}
     for compare in (0, 2):
         model = build(FAMILIES["bert-cls"])
-        trainer = ORTTrainer(model=model, args=_args(tmp_path / str(compare), max_steps=7, logging_steps=1,
-                                                     ort_compare_steps=compare), train_dataset=_dataset())
+        trainer = ORTTrainer(
+            model=model,
+            args=_args(tmp_path / str(compare), max_steps=7, logging_steps=1, ort_compare_steps=compare),
+            train_dataset=_dataset(),
+        )
         trainer.train()
         assert trainer.ort_engine_status().backend == "ort"
-        runs[compare] = (trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h],
-                         {n: p.detach().clone() for n, p in model.named_parameters()})
+        runs[compare] = (
+            trainer,
+            [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            {n: p.detach().clone() for n, p in model.named_parameters()},
+        )
     (_, plain, plain_w), (trainer, compared, compared_w) = runs[0], runs[2]
     assert max(abs(a - b) for a, b in zip(plain, compared)) <= 1e-4
     for name, value in plain_w.items():

@@ -22,7 +22,9 @@ def _fake_trainer(average, accepts_kwargs, loss_func, n_gpu, processes, tp):
     return types.SimpleNamespace(
         args=types.SimpleNamespace(average_tokens_across_devices=average, n_gpu=n_gpu),
         accelerator=types.SimpleNamespace(num_processes=processes, parallelism_config=None),
-        get_tp_size=lambda: tp, label_smoother=None, compute_loss_func=loss_func,
+        get_tp_size=lambda: tp,
+        label_smoother=None,
+        compute_loss_func=loss_func,
         model_accepts_loss_kwargs=accepts_kwargs,
     )
 
@@ -31,8 +33,9 @@ def _fake_trainer(average, accepts_kwargs, loss_func, n_gpu, processes, tp):
     "average,accepts_kwargs,loss_func,num_items,n_gpu,processes,tp",
     list(itertools.product([True, False], [True, False], [None, _focal], [None, 7], [1, 2], [4], [1, 2])),
 )
-def test_the_loss_is_handled_as_trainer_compute_loss_handles_it(average, accepts_kwargs, loss_func, num_items,
-                                                                n_gpu, processes, tp):
+def test_the_loss_is_handled_as_trainer_compute_loss_handles_it(
+    average, accepts_kwargs, loss_func, num_items, n_gpu, processes, tp
+):
     trainer = _fake_trainer(average, accepts_kwargs, loss_func, n_gpu, processes, tp)
 
     def model(**inputs):

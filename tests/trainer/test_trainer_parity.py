@@ -16,8 +16,17 @@ def _train(minilm_dir, dataset, out, ort: bool, **extra):
         minilm_dir, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
     common = dict(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=8, learning_rate=5e-5, logging_steps=1,
-        seed=0, report_to=[], save_strategy="no", optim="adamw_torch", disable_tqdm=True, **extra,
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=8,
+        learning_rate=5e-5,
+        logging_steps=1,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        optim="adamw_torch",
+        disable_tqdm=True,
+        **extra,
     )
     if ort:
         args = ORTTrainingArguments(ort_fallback="disable", ort_log_level="ERROR", **common)
@@ -39,13 +48,20 @@ def dataset(minilm_dir, shared_data):
     "mwl,smoothing", [(True, 0.0), (False, 0.0), (True, 0.1)], ids=["module_with_loss", "model_loss", "smoothing"]
 )
 def test_ort_trainer_matches_trainer(minilm_dir, dataset, tmp_path, mwl, smoothing):
-    _, ref_losses, ref_params = _train(minilm_dir, dataset, tmp_path / "pt", ort=False, label_smoothing_factor=smoothing)
+    _, ref_losses, ref_params = _train(
+        minilm_dir, dataset, tmp_path / "pt", ort=False, label_smoothing_factor=smoothing
+    )
     trainer, losses, params = _train(
         minilm_dir, dataset, tmp_path / "ort", ort=True, use_module_with_loss=mwl, label_smoothing_factor=smoothing
     )
     assert trainer.ort_engine.engine_status().backend == "ort"
-    aten = [a.s.decode() for n in trainer.ort_engine.training_graph().graph.node if n.op_type == "ATen"
-            for a in n.attribute if a.name == "operator"]
+    aten = [
+        a.s.decode()
+        for n in trainer.ort_engine.training_graph().graph.node
+        if n.op_type == "ATen"
+        for a in n.attribute
+        if a.name == "operator"
+    ]
     assert "ort_hf::embedding_dense_grad" in aten, aten  # ort_hf's kernel for the embedding tables
     # aten's is left only to padding elimination's row gathers (lookups into activations).
     assert trainer.ort_engine.padding_rewrite is not None or "embedding_backward" not in aten, aten

@@ -3,8 +3,15 @@
 from ort_hf.trainer.ort_trainer import ORTTrainer, ORTTrainerMixin
 
 LOOP_METHODS = [
-    "_inner_training_loop", "_run_epoch", "training_step", "evaluation_loop", "prediction_step",
-    "_prepare_for_training", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_from_checkpoint",
+    "_inner_training_loop",
+    "_run_epoch",
+    "training_step",
+    "evaluation_loop",
+    "prediction_step",
+    "_prepare_for_training",
+    "_maybe_log_save_evaluate",
+    "_save_checkpoint",
+    "_load_from_checkpoint",
 ]
 
 

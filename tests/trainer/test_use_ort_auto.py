@@ -39,7 +39,9 @@ def test_use_ort_parses_true_false_and_auto():
 
 def _trainer_run(output_dir):
     model = build(FAMILIES["bert-cls"])
-    trainer = Trainer(model=model, args=tiny_args(TrainingArguments, output_dir, **COMMON), train_dataset=rule_dataset(64))
+    trainer = Trainer(
+        model=model, args=tiny_args(TrainingArguments, output_dir, **COMMON), train_dataset=rule_dataset(64)
+    )
     trainer.train()
     return trainer
 
@@ -62,8 +64,10 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, c
     assert len(ort_runs) == (6 if faster == "ort" else 3)
     engine = trainer.ort_engine
     assert engine.engine_status().backend == faster and engine.engine_status().fallback_reason is None
-    assert run_summary(trainer, {})["engine"] == {"ort": "ort",
-                                                  "pytorch": "pytorch (--use_ort auto measured it faster)"}[faster]
+    assert (
+        run_summary(trainer, {})["engine"]
+        == {"ort": "ort", "pytorch": "pytorch (--use_ort auto measured it faster)"}[faster]
+    )
     logged = [h for h in trainer.state.log_history if "ort/auto_chose_pytorch" in h]
     assert len(logged) == 1 and logged[0]["ort/auto_chose_pytorch"] == float(faster == "pytorch")
     # The log line states the break-even point and what it means for this run's 8 steps.

@@ -26,8 +26,12 @@ def _rows(specials, n: int = STEPS * BATCH) -> Dataset:
     rng = random.Random(1)  # batches of 18, 23, 16 and 21 positions: longer and shorter than the first
     ordinary = specials.ordinary()
     lengths = [rng.randint(3, 24) for _ in range(n)]
-    return Dataset.from_dict({"input_ids": [[rng.choice(ordinary) for _ in range(k)] for k in lengths],
-                              "labels": [rng.randrange(2) for _ in range(n)]})
+    return Dataset.from_dict(
+        {
+            "input_ids": [[rng.choice(ordinary) for _ in range(k)] for k in lengths],
+            "labels": [rng.randrange(2) for _ in range(n)],
+        }
+    )
 
 
 class _Lengths:

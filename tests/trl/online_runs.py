@@ -61,8 +61,13 @@ class WeightsAtGeneration(TrainerCallback):
 
         def recording_generate(*args, **kwargs):
             params = dict(model.named_parameters())
-            self.at_generation.append((trainer.state.global_step, {n: p.detach().clone() for n, p in params.items()},
-                                       {p.data_ptr() for p in params.values()}))
+            self.at_generation.append(
+                (
+                    trainer.state.global_step,
+                    {n: p.detach().clone() for n, p in params.items()},
+                    {p.data_ptr() for p in params.values()},
+                )
+            )
             return generate(*args, **kwargs)
 
         model.generate = recording_generate
@@ -71,8 +76,18 @@ class WeightsAtGeneration(TrainerCallback):
         self.after_step[state.global_step] = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def train(trl_trainer, trl_config, ort_trainer, ort_config, out, ort: bool, lora: bool, with_reward_model=False,
-          watch: WeightsAtGeneration | None = None, **options):
+def train(
+    trl_trainer,
+    trl_config,
+    ort_trainer,
+    ort_config,
+    out,
+    ort: bool,
+    lora: bool,
+    with_reward_model=False,
+    watch: WeightsAtGeneration | None = None,
+    **options,
+):
     """One run (``watch`` records the weights generation reads); returns the trainer and its LetterReward. A full fine-tune with ``beta > 0`` needs the
     policy on disk: TRL loads the reference model from the policy's ``name_or_path``."""
     tokenizer = build_tokenizer()
@@ -84,9 +99,15 @@ def train(trl_trainer, trl_config, ort_trainer, ort_config, out, ort: bool, lora
     args = {**common_args(out, lora, max_completion_length=8, **options), "max_steps": STEPS}
     config = ort_config(ort_fallback="disable", ort_log_level="ERROR", **args) if ort else trl_config(**args)
     trainer = (ort_trainer if ort else trl_trainer)(
-        model, reward_funcs, config, train_dataset=prompts(), processing_class=tokenizer,
+        model,
+        reward_funcs,
+        config,
+        train_dataset=prompts(),
+        processing_class=tokenizer,
         reward_processing_classes=[None, tokenizer] if with_reward_model else None,
-        peft_config=lora_config() if lora else None, callbacks=[watch] if watch else None)
+        peft_config=lora_config() if lora else None,
+        callbacks=[watch] if watch else None,
+    )
     if watch:
         watch.attach(trainer)
     trainer.train()

@@ -47,6 +47,9 @@ def test_every_declared_trl_config_has_trls_rule():
     from ort_hf.trainer import ORTTrainingArguments
     from ort_hf.trl import configs
 
-    declared = [c for c in vars(configs).values()
-                if isinstance(c, type) and issubclass(c, ORTTrainingArguments) and c.__module__ == configs.__name__]
+    declared = [
+        c
+        for c in vars(configs).values()
+        if isinstance(c, type) and issubclass(c, ORTTrainingArguments) and c.__module__ == configs.__name__
+    ]
     assert declared and all(issubclass(c, ORTTRLArguments) for c in declared), declared

@@ -16,14 +16,30 @@ from trl_runs import assert_same_run, build_model, build_tokenizer, common_args,
 from ort_hf.trl import ORTDPOConfig, ORTDPOTrainer  # noqa: E402
 
 ROWS = 32
-KEYS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-        "logps/rejected", "logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy", "num_tokens")
+KEYS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "logits/chosen",
+    "logits/rejected",
+    "entropy",
+    "mean_token_accuracy",
+    "num_tokens",
+)
 
 
 def _data() -> Dataset:
-    return Dataset.from_dict({"prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
-                              "chosen": [f" It is {2 * i + 1}." for i in range(ROWS)],
-                              "rejected": [f" Maybe {3 * i}, or so." for i in range(ROWS)]})
+    return Dataset.from_dict(
+        {
+            "prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
+            "chosen": [f" It is {2 * i + 1}." for i in range(ROWS)],
+            "rejected": [f" Maybe {3 * i}, or so." for i in range(ROWS)],
+        }
+    )
 
 
 def _train(lora: bool, out, ort: bool):
@@ -38,11 +54,18 @@ def _train(lora: bool, out, ort: bool):
     if ort:
         config = ORTDPOConfig(ort_fallback="disable", ort_log_level="ERROR", **args)
         # positionally, in DPOTrainer's order (model, ref_model, args)
-        trainer = ORTDPOTrainer(model, ref_model, config, train_dataset=_data(), processing_class=tokenizer,
-                                peft_config=peft_config)
+        trainer = ORTDPOTrainer(
+            model, ref_model, config, train_dataset=_data(), processing_class=tokenizer, peft_config=peft_config
+        )
     else:
-        trainer = trl.DPOTrainer(model, ref_model, trl.DPOConfig(**args), train_dataset=_data(),
-                                 processing_class=tokenizer, peft_config=peft_config)
+        trainer = trl.DPOTrainer(
+            model,
+            ref_model,
+            trl.DPOConfig(**args),
+            train_dataset=_data(),
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
     trainer.train()
     return trainer
 

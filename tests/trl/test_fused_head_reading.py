@@ -26,8 +26,11 @@ def test_the_settings_are_the_ones_trl_was_given():
     add_fused_lm_head(model, temperature=0.7, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy"))
     settings = read_head_settings(model)
     assert has_trl_fused_head(model)
-    assert (settings.temperature, settings.cast_lm_head_to_fp32, settings.outputs) == (0.7, True,
-                                                                                      ("log_probs", "entropy"))
+    assert (settings.temperature, settings.cast_lm_head_to_fp32, settings.outputs) == (
+        0.7,
+        True,
+        ("log_probs", "entropy"),
+    )
     assert settings.output_type is FusedCausalLMOutput and settings.logit_scale == 1.0
 
 
@@ -38,10 +41,12 @@ def test_a_model_without_the_head_is_refused():
 
 def test_a_head_it_cannot_read_is_refused_naming_the_tested_range():
     # A _fused_forward from trl/trainer/utils.py whose closure lacks a setting (as a changed TRL's could).
-    source = ("def add_fused_lm_head(model, temperature):\n"
-              "    def _fused_forward(self, *args, **kwargs):\n"
-              "        return temperature\n"
-              "    return _fused_forward\n")
+    source = (
+        "def add_fused_lm_head(model, temperature):\n"
+        "    def _fused_forward(self, *args, **kwargs):\n"
+        "        return temperature\n"
+        "    return _fused_forward\n"
+    )
     namespace = {}
     exec(compile(source, "/site-packages/trl/trainer/utils.py", "exec"), namespace)
     model = _model()

@@ -17,8 +17,19 @@ from online_runs import WeightsAtGeneration, assert_same_online_run, train  # no
 
 from ort_hf.trl import ORTGRPOConfig, ORTGRPOTrainer  # noqa: E402
 
-KEYS = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "entropy", "clip_ratio/low_mean",
-        "clip_ratio/high_mean", "clip_ratio/region_mean", "rewards/letters/mean", "num_tokens")
+KEYS = (
+    "loss",
+    "reward",
+    "reward_std",
+    "kl",
+    "completions/mean_length",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "rewards/letters/mean",
+    "num_tokens",
+)
 
 # name -> (LoRA, reward model too, GRPOConfig options). epsilon small with num_iterations 2, so the
 # second pass over a generation clips some tokens and clip_ratio compares non-zero values.
@@ -30,8 +41,18 @@ CONFIGS = {
 
 def _train(name, out, ort: bool, watch=None):
     lora, with_reward_model, options = CONFIGS[name]
-    return train(trl.GRPOTrainer, trl.GRPOConfig, ORTGRPOTrainer, ORTGRPOConfig, out, ort, lora, with_reward_model,
-                 watch=watch, **options)
+    return train(
+        trl.GRPOTrainer,
+        trl.GRPOConfig,
+        ORTGRPOTrainer,
+        ORTGRPOConfig,
+        out,
+        ort,
+        lora,
+        with_reward_model,
+        watch=watch,
+        **options,
+    )
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

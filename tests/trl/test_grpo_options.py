@@ -26,8 +26,21 @@ OPTIONS = {
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_grpo_option_through_ort_equals_grpo_trainer(name, tmp_path, monkeypatch):
     monkeypatch.setattr(online_runs, "STEPS", 3)
-    runs = [train(trl.GRPOTrainer, trl.GRPOConfig, ORTGRPOTrainer, ORTGRPOConfig, tmp_path / engine, ort, False,
-                  num_generations=2, beta=0.1, **OPTIONS[name]) for engine, ort in (("pt", False), ("ort", True))]
+    runs = [
+        train(
+            trl.GRPOTrainer,
+            trl.GRPOConfig,
+            ORTGRPOTrainer,
+            ORTGRPOConfig,
+            tmp_path / engine,
+            ort,
+            False,
+            num_generations=2,
+            beta=0.1,
+            **OPTIONS[name],
+        )
+        for engine, ort in (("pt", False), ("ort", True))
+    ]
     online_runs.assert_ort_trained_on_used_rows(runs[1][0])
     assert runs[0][1].sampled == runs[1][1].sampled, "different tokens sampled"
     rows = [[{k: h[k] for k in KEYS if k in h} for h in t.state.log_history if "loss" in h] for t, _ in runs]

@@ -16,17 +16,29 @@ from trl_runs import assert_same_run, build_model, build_tokenizer, common_args,
 from ort_hf.trl import ORTKTOConfig, ORTKTOTrainer  # noqa: E402
 
 ROWS = 32
-KEYS = ("loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "logits/chosen",
-        "logits/rejected", "num_tokens")
+KEYS = (
+    "loss",
+    "kl",
+    "rewards/chosen",
+    "rewards/rejected",
+    "logps/chosen",
+    "logps/rejected",
+    "logits/chosen",
+    "logits/rejected",
+    "num_tokens",
+)
 
 
 def _data() -> Dataset:
     # Unpaired: each prompt has one completion, desirable or not; every batch of 4 holds both kinds.
     good = [i % 2 == 0 for i in range(ROWS)]
-    return Dataset.from_dict({"prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
-                              "completion": [f" It is {2 * i + 1}." if g else f" Maybe {3 * i}, or so."
-                                             for i, g in enumerate(good)],
-                              "label": good})
+    return Dataset.from_dict(
+        {
+            "prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
+            "completion": [f" It is {2 * i + 1}." if g else f" Maybe {3 * i}, or so." for i, g in enumerate(good)],
+            "label": good,
+        }
+    )
 
 
 def _train(lora: bool, out, ort: bool):
@@ -39,11 +51,18 @@ def _train(lora: bool, out, ort: bool):
     peft_config = lora_config(init_lora_weights=False) if lora else None
     if ort:
         config = ORTKTOConfig(ort_fallback="disable", ort_log_level="ERROR", **args)
-        trainer = ORTKTOTrainer(model, ref_model, config, train_dataset=_data(), processing_class=tokenizer,
-                                peft_config=peft_config)
+        trainer = ORTKTOTrainer(
+            model, ref_model, config, train_dataset=_data(), processing_class=tokenizer, peft_config=peft_config
+        )
     else:
-        trainer = trl.KTOTrainer(model, ref_model, trl.KTOConfig(**args), train_dataset=_data(),
-                                 processing_class=tokenizer, peft_config=peft_config)
+        trainer = trl.KTOTrainer(
+            model,
+            ref_model,
+            trl.KTOConfig(**args),
+            train_dataset=_data(),
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
     trainer.train()
     return trainer
 

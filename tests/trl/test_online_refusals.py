@@ -13,18 +13,24 @@ from trl_runs import build_model, build_tokenizer, common_args  # noqa: E402
 
 from ort_hf.trl import ORTGRPOConfig, ORTGRPOTrainer, ORTRLOOConfig, ORTRLOOTrainer  # noqa: E402
 
-TRAINERS = {"grpo": (ORTGRPOConfig, ORTGRPOTrainer, trl.GRPOConfig), "rloo": (ORTRLOOConfig, ORTRLOOTrainer, trl.RLOOConfig)}
+TRAINERS = {
+    "grpo": (ORTGRPOConfig, ORTGRPOTrainer, trl.GRPOConfig),
+    "rloo": (ORTRLOOConfig, ORTRLOOTrainer, trl.RLOOConfig),
+}
 
 
 def _build(trainer_cls, config):
     tokenizer = build_tokenizer()
-    return trainer_cls(build_model(tokenizer), LetterReward(), config, train_dataset=prompts(),
-                       processing_class=tokenizer)
+    return trainer_cls(
+        build_model(tokenizer), LetterReward(), config, train_dataset=prompts(), processing_class=tokenizer
+    )
 
 
 @pytest.mark.parametrize("kind", list(TRAINERS))
-@pytest.mark.parametrize(("option", "says"), [({"use_vllm": True}, "Pass use_vllm=False"),
-                                              ({"use_liger_kernel": True}, "Drop use_liger_kernel")])
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [({"use_vllm": True}, "Pass use_vllm=False"), ({"use_liger_kernel": True}, "Drop use_liger_kernel")],
+)
 def test_refused_before_training(kind, option, says, tmp_path):
     config_cls, trainer_cls, trl_config_cls = TRAINERS[kind]
     with pytest.raises(ValueError, match=says):  # the ORT config refuses it
@@ -34,7 +40,9 @@ def test_refused_before_training(kind, option, says, tmp_path):
         _build(trainer_cls, plain)
 
 
-@pytest.mark.parametrize(("kind", "given"), [("grpo", {"steps_per_generation": 2}), ("rloo", {"generation_batch_size": 8})])
+@pytest.mark.parametrize(
+    ("kind", "given"), [("grpo", {"steps_per_generation": 2}), ("rloo", {"generation_batch_size": 8})]
+)
 def test_plain_trl_config_is_taken(kind, given, tmp_path):
     config_cls, trainer_cls, trl_config_cls = TRAINERS[kind]
     trainer = _build(trainer_cls, trl_config_cls(**common_args(tmp_path, False, num_generations=2, beta=0.0, **given)))

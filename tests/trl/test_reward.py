@@ -22,16 +22,29 @@ KEYS = ("loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward",
 
 
 def _data() -> Dataset:
-    return Dataset.from_dict({"prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
-                              "chosen": [f" It is {2 * i + 1}." for i in range(ROWS)],
-                              "rejected": [f" Maybe {3 * i}, or so." for i in range(ROWS)]})
+    return Dataset.from_dict(
+        {
+            "prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
+            "chosen": [f" It is {2 * i + 1}." for i in range(ROWS)],
+            "rejected": [f" Maybe {3 * i}, or so." for i in range(ROWS)],
+        }
+    )
 
 
 def _reward_model(tokenizer, seed: int = 0):
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None, num_labels=1)
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        num_labels=1,
+    )
     torch.manual_seed(seed)
     return transformers.Qwen2ForSequenceClassification(config)
 
@@ -39,12 +52,23 @@ def _reward_model(tokenizer, seed: int = 0):
 def _train(lora: bool, out, ort: bool):
     tokenizer = build_tokenizer()
     args = common_args(out, lora, center_rewards_coefficient=None if lora else 0.01)
-    peft_config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                  task_type="SEQ_CLS", init_lora_weights=False) if lora else None
+    peft_config = (
+        peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "v_proj"],
+            task_type="SEQ_CLS",
+            init_lora_weights=False,
+        )
+        if lora
+        else None
+    )
     config = ORTRewardConfig(ort_fallback="disable", ort_log_level="ERROR", **args) if ort else trl.RewardConfig(**args)
     cls = ORTRewardTrainer if ort else trl.RewardTrainer
-    trainer = cls(_reward_model(tokenizer), config, train_dataset=_data(), processing_class=tokenizer,
-                  peft_config=peft_config)
+    trainer = cls(
+        _reward_model(tokenizer), config, train_dataset=_data(), processing_class=tokenizer, peft_config=peft_config
+    )
     trainer.train()
     return trainer
 

@@ -14,8 +14,17 @@ from online_runs import assert_same_online_run, train  # noqa: E402
 
 from ort_hf.trl import ORTRLOOConfig, ORTRLOOTrainer  # noqa: E402
 
-KEYS = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "entropy", "clip_ratio/region_mean",
-        "rewards/letters/mean", "num_tokens")
+KEYS = (
+    "loss",
+    "reward",
+    "reward_std",
+    "kl",
+    "completions/mean_length",
+    "entropy",
+    "clip_ratio/region_mean",
+    "rewards/letters/mean",
+    "num_tokens",
+)
 
 # name -> (LoRA, RLOOConfig options); epsilon small with num_iterations 2: clip_ratio compares non-zero values
 CONFIGS = {
@@ -27,6 +36,8 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_rloo_through_ort_equals_rloo_trainer(name, tmp_path):
     lora, options = CONFIGS[name]
-    runs = [train(trl.RLOOTrainer, trl.RLOOConfig, ORTRLOOTrainer, ORTRLOOConfig, tmp_path / engine, ort, lora,
-                  **options) for engine, ort in (("pt", False), ("ort", True))]
+    runs = [
+        train(trl.RLOOTrainer, trl.RLOOConfig, ORTRLOOTrainer, ORTRLOOConfig, tmp_path / engine, ort, lora, **options)
+        for engine, ort in (("pt", False), ("ort", True))
+    ]
     assert_same_online_run(*runs, KEYS)

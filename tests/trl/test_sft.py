@@ -22,13 +22,26 @@ KEYS = ("loss", "entropy", "mean_token_accuracy", "num_tokens")
 
 def _data(kind: str) -> Dataset:
     if kind == "prompt-completion":  # completion-only loss (TRL's default for this format)
-        return Dataset.from_dict({"prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
-                                  "completion": [f" It is {2 * i + 1}." for i in range(ROWS)]})
+        return Dataset.from_dict(
+            {
+                "prompt": [f"What is {i} plus {i + 1}?" for i in range(ROWS)],
+                "completion": [f" It is {2 * i + 1}." for i in range(ROWS)],
+            }
+        )
     if kind == "conversational":  # through the chat template, assistant turns only
-        return Dataset.from_dict({"messages": [[
-            {"role": "user", "content": f"Add {i} and {i + 1}."}, {"role": "assistant", "content": f"{2 * i + 1}"},
-            {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You are welcome."}]
-            for i in range(ROWS)]})
+        return Dataset.from_dict(
+            {
+                "messages": [
+                    [
+                        {"role": "user", "content": f"Add {i} and {i + 1}."},
+                        {"role": "assistant", "content": f"{2 * i + 1}"},
+                        {"role": "user", "content": "Thanks"},
+                        {"role": "assistant", "content": "You are welcome."},
+                    ]
+                    for i in range(ROWS)
+                ]
+            }
+        )
     return Dataset.from_dict({"text": [f"Number {i} is followed by {i + 1}." for i in range(ROWS)]})  # packed
 
 
@@ -48,11 +61,21 @@ def _train(name: str, out, ort: bool):
     args = common_args(out, lora, **extra)
     if ort:
         config = ORTSFTConfig(ort_fallback="disable", ort_log_level="ERROR", **args)
-        trainer = ORTSFTTrainer(model=model, args=config, train_dataset=_data(kind), processing_class=tokenizer,
-                                peft_config=lora_config() if lora else None)
+        trainer = ORTSFTTrainer(
+            model=model,
+            args=config,
+            train_dataset=_data(kind),
+            processing_class=tokenizer,
+            peft_config=lora_config() if lora else None,
+        )
     else:
-        trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(**args), train_dataset=_data(kind),
-                                 processing_class=tokenizer, peft_config=lora_config() if lora else None)
+        trainer = trl.SFTTrainer(
+            model=model,
+            args=trl.SFTConfig(**args),
+            train_dataset=_data(kind),
+            processing_class=tokenizer,
+            peft_config=lora_config() if lora else None,
+        )
     trainer.train()
     return trainer
 
@@ -64,8 +87,14 @@ def test_sft_through_ort_equals_sft_trainer(name, tmp_path):
     assert_same_run(reference, trainer, KEYS)
     ours = weights(trainer.model)
     initial = build_model(build_tokenizer()).state_dict()
-    assert any(not torch.equal(v, initial[k.replace("base_model.model.", "").replace(".base_layer", "")])
-               for k, v in ours.items() if "lora_" not in k) or CONFIGS[name][1]
+    assert (
+        any(
+            not torch.equal(v, initial[k.replace("base_model.model.", "").replace(".base_layer", "")])
+            for k, v in ours.items()
+            if "lora_" not in k
+        )
+        or CONFIGS[name][1]
+    )
     if CONFIGS[name][1]:
         assert all(not torch.equal(v, torch.zeros_like(v)) for k, v in ours.items() if "lora_B" in k)
 
@@ -79,8 +108,9 @@ def test_the_mixin_on_sft_trainer_gets_ort_sft_config(tmp_path):
 
     tokenizer = build_tokenizer()
     config = trl.SFTConfig(**common_args(tmp_path, False, max_length=32))
-    trainer = MySFTTrainer(build_model(tokenizer), config, train_dataset=_data("prompt-completion"),
-                           processing_class=tokenizer)
+    trainer = MySFTTrainer(
+        build_model(tokenizer), config, train_dataset=_data("prompt-completion"), processing_class=tokenizer
+    )
     assert type(trainer.args) is ORTSFTConfig and trainer.args.max_length == 32
     import ort_hf
 
@@ -88,14 +118,19 @@ def test_the_mixin_on_sft_trainer_gets_ort_sft_config(tmp_path):
     assert trainer._fused_head is not None and trainer._fused_head.outputs == ("log_probs", "entropy", "is_top1")
 
 
-@pytest.mark.parametrize("option, value", [("label_smoothing_factor", 0.1), ("bf16", True),
-                                           ("use_module_with_loss", False)])
+@pytest.mark.parametrize(
+    "option, value", [("label_smoothing_factor", 0.1), ("bf16", True), ("use_module_with_loss", False)]
+)
 def test_what_ort_cannot_run_is_refused_before_training(option, value, tmp_path):
     tokenizer = build_tokenizer()
     with pytest.raises(ValueError, match=option):
         args = ORTSFTConfig(**{**common_args(tmp_path, False), option: value})
-        ORTSFTTrainer(model=build_model(tokenizer), args=args, train_dataset=_data("prompt-completion"),
-                      processing_class=tokenizer)
+        ORTSFTTrainer(
+            model=build_model(tokenizer),
+            args=args,
+            train_dataset=_data("prompt-completion"),
+            processing_class=tokenizer,
+        )
 
 
 def test_unset_bf16_means_fp32_on_cpu(tmp_path):

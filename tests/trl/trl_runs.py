@@ -27,9 +27,21 @@ STEPS = 8
 def common_args(out, lora: bool, **extra) -> dict:
     # bf16 and gradient checkpointing off in both runs: TRL turns them on by default, and the plain
     # trainer would then train in bf16 on CPU, which ORT refuses.
-    return dict(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, logging_steps=1, seed=0,
-                learning_rate=1e-2 if lora else 1e-3, report_to=[], save_strategy="no", disable_tqdm=True, bf16=False,
-                gradient_checkpointing=False, use_cpu=True, **extra)
+    return dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        seed=0,
+        learning_rate=1e-2 if lora else 1e-3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        **extra,
+    )
 
 
 def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
@@ -40,16 +52,25 @@ def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(specials)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END,
-                                                chat_template=CHAT_TEMPLATE)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END, chat_template=CHAT_TEMPLATE
+    )
 
 
 def build_model(tokenizer, seed: int = 0) -> transformers.Qwen2ForCausalLM:
     """A two-layer Qwen2 (hidden size 32) for ``tokenizer``, from ``seed``, without dropout."""
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return transformers.Qwen2ForCausalLM(config)
 
@@ -57,8 +78,9 @@ def build_model(tokenizer, seed: int = 0) -> transformers.Qwen2ForCausalLM:
 def lora_config(**options):
     import peft
 
-    return peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                           task_type="CAUSAL_LM", **options)
+    return peft.LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM", **options
+    )
 
 
 def logged(trainer, keys) -> list[dict]:

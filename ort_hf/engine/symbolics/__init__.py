@@ -119,13 +119,19 @@ TRAINING_ONLY_SYMBOLICS = {
     "aten::exponential": exponential,
     "aten::uniform": uniform,
     "aten::linalg_solve_triangular": _solve_triangular.linalg_solve_triangular,
-    **_bitwise.SYMBOLICS, "aten::expm1": _expm1.expm1,
+    **_bitwise.SYMBOLICS,
+    "aten::expm1": _expm1.expm1,
     "aten::einsum": einsum,
 }
 # Gradients ORT lacks, entered into ORT's gradient table (ORTModule hands it to ORT on construction):
 # (domain, op type[, ATen operator, overload name]) -> definition.
-GRADIENTS = {**_grouped_mm.GRADIENTS, **_softplus.GRADIENTS, **_solve_triangular.GRADIENTS, **_expm1.GRADIENTS,
-             **_packed_sequences.GRADIENTS}
+GRADIENTS = {
+    **_grouped_mm.GRADIENTS,
+    **_softplus.GRADIENTS,
+    **_solve_triangular.GRADIENTS,
+    **_expm1.GRADIENTS,
+    **_packed_sequences.GRADIENTS,
+}
 # Edges ORT must not differentiate through: the random draws' shape-only input, and the detach
 # graph_repairs puts before the inputs a Function's backward gives no gradient.
 STOP_GRADIENT_EDGES = {**_DRAW_STOP_EDGES, **_REPAIR_STOP_EDGES}

@@ -59,7 +59,9 @@ def sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     JST = _type_utils.JitScalarType
     q_type = scalar_type(query, JST.FLOAT)
     is_causal = bool(symbolic_helper._maybe_get_const(is_causal, "b"))
-    enable_gqa = False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
+    enable_gqa = (
+        False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
+    )
     rank_q = symbolic_helper._get_tensor_rank(query) or 4
     rank_k = symbolic_helper._get_tensor_rank(key) or 4
 
@@ -89,7 +91,9 @@ def _kv_heads_like_query(g, query, key, value, rank_q: int, rank_k: int, enable_
         if h_q == h_k:
             return key, value
         if h_q % h_k:
-            raise ValueError(f"scaled_dot_product_attention: {h_q} query heads are not a multiple of {h_k} key/value heads")
+            raise ValueError(
+                f"scaled_dot_product_attention: {h_q} query heads are not a multiple of {h_k} key/value heads"
+            )
         n_rep = h_q // h_k
     elif enable_gqa:
         q_heads = shape_slice(g, g.op("Shape", query), rank_q - 3, rank_q - 2)

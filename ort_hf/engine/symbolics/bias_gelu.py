@@ -25,14 +25,25 @@ def gelu(g, self, approximate="none"):
     approximate = approximate if isinstance(approximate, str) else symbolic_helper._maybe_get_const(approximate, "s")
     producer = self.node()
     self_type = scalar_type(self)
-    if (approximate == "none" and producer.kind() == "onnx::Add" and self_type is not None
-            and self_type.scalar_name() in _BIAS_GELU_TYPES):
+    if (
+        approximate == "none"
+        and producer.kind() == "onnx::Add"
+        and self_type is not None
+        and self_type.scalar_name() in _BIAS_GELU_TYPES
+    ):
         a, b = list(producer.inputs())
         for x, bias in ((a, b), (b, a)):
             bias_sizes, x_sizes = symbolic_helper._get_tensor_sizes(bias), symbolic_helper._get_tensor_sizes(x)
-            if (bias_sizes is not None and len(bias_sizes) == 1 and bias_sizes[0] is not None
-                    and x_sizes is not None and len(x_sizes) >= 2 and x_sizes[-1] in (None, bias_sizes[0])
-                    and scalar_type(x) == self_type and scalar_type(bias) == self_type):
+            if (
+                bias_sizes is not None
+                and len(bias_sizes) == 1
+                and bias_sizes[0] is not None
+                and x_sizes is not None
+                and len(x_sizes) >= 2
+                and x_sizes[-1] in (None, bias_sizes[0])
+                and scalar_type(x) == self_type
+                and scalar_type(bias) == self_type
+            ):
                 # The Add stays in the graph for any other consumer; unused, the exporter drops it.
                 return g.op("com.microsoft::BiasGelu", x, bias).setType(self.type())
     return _torch_gelu(g.opset)(g, self, approximate)

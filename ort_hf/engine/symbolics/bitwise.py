@@ -67,7 +67,10 @@ def _bitwise(kind: str):
 bitwise_and, bitwise_or, bitwise_xor = _bitwise("and"), _bitwise("or"), _bitwise("xor")
 
 SYMBOLICS = {
-    "aten::bitwise_and": bitwise_and, "aten::__and_": bitwise_and,
-    "aten::bitwise_or": bitwise_or, "aten::__or_": bitwise_or,
-    "aten::bitwise_xor": bitwise_xor, "aten::__xor_": bitwise_xor,
+    "aten::bitwise_and": bitwise_and,
+    "aten::__and_": bitwise_and,
+    "aten::bitwise_or": bitwise_or,
+    "aten::__or_": bitwise_or,
+    "aten::bitwise_xor": bitwise_xor,
+    "aten::__xor_": bitwise_xor,
 }

@@ -59,8 +59,17 @@ def convolution_mode(g, input, weight, bias, stride, padding, dilation, groups):
     vector_bias = has_bias and symbolic_helper._get_tensor_rank(bias) == 1
     if vector_bias and bfloat16:
         bias = g.op("Cast", bias, to_i=torch.onnx.TensorProtoDataType.FLOAT)
-    out = g.op("Conv", input, weight, *([bias] if vector_bias else []), kernel_shape_i=kernel, strides_i=stride,
-               pads_i=pads, dilations_i=dilation, group_i=groups)
+    out = g.op(
+        "Conv",
+        input,
+        weight,
+        *([bias] if vector_bias else []),
+        kernel_shape_i=kernel,
+        strides_i=stride,
+        pads_i=pads,
+        dilations_i=dilation,
+        group_i=groups,
+    )
     if bfloat16:
         out = g.op("Cast", out, to_i=torch.onnx.TensorProtoDataType.BFLOAT16)
     if has_bias and not vector_bias:  # ONNX's Conv takes a 1-D bias only (as in torch's symbolic)

@@ -131,7 +131,7 @@ def _decompose(g, equation, tensors):
     if parsed is None:
         return None
     operands, inserts, out = parsed
-    given = [labels[:at] + labels[at + count:] for labels, (at, count) in zip(operands, inserts)]
+    given = [labels[:at] + labels[at + count :] for labels, (at, count) in zip(operands, inserts)]
     if _contracted_sizes_differ(given, tensors, out, symbolic_helper):
         return None
     if len(tensors) == 2 and not _pair_fits(operands[0], operands[1], out):

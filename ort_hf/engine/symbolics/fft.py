@@ -28,10 +28,16 @@ def _cos_sin(g, x, axis):
     """``C_N`` and ``S_N`` for ``N = x.shape[axis]``, in ``x``'s dtype."""
     n = g.op("Gather", g.op("Shape", x), const(g, axis, torch.int64), axis_i=0)  # a scalar
     steps = g.op("Range", const(g, 0, torch.int64), n, const(g, 1, torch.int64))
-    products = g.op("Mul", g.op("Unsqueeze", steps, const(g, [1], torch.int64)),
-                    g.op("Unsqueeze", steps, const(g, [0], torch.int64)))
-    turns = g.op("Div", g.op("Cast", g.op("Mod", products, n), to_i=scalar_type(x).onnx_type()),
-                 g.op("Cast", n, to_i=scalar_type(x).onnx_type()))
+    products = g.op(
+        "Mul",
+        g.op("Unsqueeze", steps, const(g, [1], torch.int64)),
+        g.op("Unsqueeze", steps, const(g, [0], torch.int64)),
+    )
+    turns = g.op(
+        "Div",
+        g.op("Cast", g.op("Mod", products, n), to_i=scalar_type(x).onnx_type()),
+        g.op("Cast", n, to_i=scalar_type(x).onnx_type()),
+    )
     dtype = scalar_type(x).dtype()
     angles = g.op("Mul", turns, const(g, 2 * math.pi, dtype))
     return g.op("Cos", angles), g.op("Sin", angles)
@@ -57,11 +63,20 @@ def fft_2d(name):
         uses = [use.user.kind() for use in g.original_node.output().uses()]
         if dims is None and name == "fft_fft2":
             dims = [-2, -1]
-        if (st is None or not st.dtype().is_floating_point or not symbolic_helper._is_none(s)
-                or norm not in (None, "backward") or not isinstance(dims, (list, tuple)) or not _is_last_two(dims, rank)
-                or not uses or any(kind != "aten::real" for kind in uses)):
+        if (
+            st is None
+            or not st.dtype().is_floating_point
+            or not symbolic_helper._is_none(s)
+            or norm not in (None, "backward")
+            or not isinstance(dims, (list, tuple))
+            or not _is_last_two(dims, rank)
+            or not uses
+            or any(kind != "aten::real" for kind in uses)
+        ):
             symbolic_helper._onnx_unsupported(
-                f"aten::{name} other than the real part of a 2-D transform of a real tensor over its last two dims", self)
+                f"aten::{name} other than the real part of a 2-D transform of a real tensor over its last two dims",
+                self,
+            )
         out = _real_2d_dft(g, self, rank)
         out.setType(self.type())
         return out

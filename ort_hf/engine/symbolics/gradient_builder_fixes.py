@@ -77,7 +77,8 @@ def where(g, condition, self=None, other=None, _outputs=None):
     # Constants never need a gradient and are left alone.
     operands = [condition, self, other]
     needs = [
-        i for i in (1, 2)
+        i
+        for i in (1, 2)
         if not symbolic_helper._is_constant(operands[i])
         and _maybe_broadcast(operands[i], [operands[j] for j in range(3) if j != i])
     ]

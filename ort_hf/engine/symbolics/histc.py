@@ -38,22 +38,34 @@ def histc(g, self, bins, min, max):  # noqa: A002  (torch's argument names)
     low = symbolic_helper._get_const(min, "f", "min")
     high = symbolic_helper._get_const(max, "f", "max")
     if not low < high:
-        symbolic_helper._onnx_unsupported(f"aten::histc with min ({low}) >= max ({high}), which bins the data's own range", self)
+        symbolic_helper._onnx_unsupported(
+            f"aten::histc with min ({low}) >= max ({high}), which bins the data's own range", self
+        )
     st = scalar_type(self, _type_utils.JitScalarType.FLOAT)
     dtype = st.dtype() if st.dtype() in (torch.float32, torch.float64) else torch.float32
     if dtype != st.dtype():
         self = g.op("Cast", self, to_i=_type_utils.JitScalarType.from_dtype(dtype).onnx_type())
     lo, hi = torch.tensor(low, dtype=dtype), torch.tensor(high, dtype=dtype)
     x = g.op("Reshape", self, const(g, [-1, 1], torch.int64))  # [N, 1]
-    in_range = g.op("And", g.op("GreaterOrEqual", x, g.op("Constant", value_t=lo)),
-                    g.op("LessOrEqual", x, g.op("Constant", value_t=hi)))  # NaN is out
+    in_range = g.op(
+        "And",
+        g.op("GreaterOrEqual", x, g.op("Constant", value_t=lo)),
+        g.op("LessOrEqual", x, g.op("Constant", value_t=hi)),
+    )  # NaN is out
     # torch: static_cast<int64_t>((elt - lo) * bins / (hi - lo)), each step in the input's dtype
-    scaled = g.op("Div", g.op("Mul", g.op("Sub", x, g.op("Constant", value_t=lo)), const(g, bins, dtype)),
-                  g.op("Constant", value_t=hi - lo))
+    scaled = g.op(
+        "Div",
+        g.op("Mul", g.op("Sub", x, g.op("Constant", value_t=lo)), const(g, bins, dtype)),
+        g.op("Constant", value_t=hi - lo),
+    )
     # out-of-range elements (masked below) may give any index, NaN included: clip before the cast
     scaled = g.op("Clip", scaled, const(g, 0, dtype), const(g, bins - 1, dtype))
     bin_of = g.op("Cast", g.op("Floor", scaled), to_i=torch.onnx.TensorProtoDataType.INT64)
     one_hot = g.op("And", g.op("Equal", bin_of, const(g, list(range(bins)), torch.int64)), in_range)  # [N, bins]
-    counts = g.op("ReduceSum", g.op("Cast", one_hot, to_i=torch.onnx.TensorProtoDataType.INT64),
-                  const(g, [0], torch.int64), keepdims_i=0)
+    counts = g.op(
+        "ReduceSum",
+        g.op("Cast", one_hot, to_i=torch.onnx.TensorProtoDataType.INT64),
+        const(g, [0], torch.int64),
+        keepdims_i=0,
+    )
     return g.op("Cast", counts, to_i=st.onnx_type())

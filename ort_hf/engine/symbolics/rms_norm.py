@@ -41,15 +41,23 @@ def rms_norm(g, input, normalized_shape, weight=None, eps=None):  # noqa: A002  
     shape, st, opmath, epsilon = _arguments(input, normalized_shape, eps)
     dtype = st.dtype()
     if dtype in (torch.float32, torch.float64):
-        scale = (g.op("Constant", value_t=torch.ones(shape, dtype=dtype)) if symbolic_helper._is_none(weight)
-                 else weight)
-        out, inv_std = g.op("SimplifiedLayerNormalization", input, scale, axis_i=-len(shape), epsilon_f=epsilon,
-                            stash_type_i=1, outputs=2)
+        scale = g.op("Constant", value_t=torch.ones(shape, dtype=dtype)) if symbolic_helper._is_none(weight) else weight
+        out, inv_std = g.op(
+            "SimplifiedLayerNormalization",
+            input,
+            scale,
+            axis_i=-len(shape),
+            epsilon_f=epsilon,
+            stash_type_i=1,
+            outputs=2,
+        )
         out.setType(input.type())
         rank = symbolic_helper._get_tensor_rank(input)
         sizes = symbolic_helper._get_tensor_sizes(input)
         if rank is not None and sizes is not None:
-            inv_std.setType(input.type().with_dtype(torch.float32).with_sizes(sizes[:rank - len(shape)] + [1] * len(shape)))
+            inv_std.setType(
+                input.type().with_dtype(torch.float32).with_sizes(sizes[: rank - len(shape)] + [1] * len(shape))
+            )
         return out
     return _decomposed(g, input, shape, weight, epsilon, st, opmath)
 

@@ -70,7 +70,9 @@ def scatter(g, self, dim, index, src, reduce=None):  # noqa: A002  (torch's argu
     if _may_need_gradient(self) or _may_need_gradient(src):
         symbolic_helper._onnx_unsupported(
             f"aten::scatter with reduce={mode!r} on a tensor that may need a gradient (torch defines none, and ORT's "
-            "ScatterElements gradient would ignore the reduction)", self)
+            "ScatterElements gradient would ignore the reduction)",
+            self,
+        )
     axis = symbolic_helper._get_const(dim, "i", "dim")
     if not symbolic_helper._is_tensor(src) or symbolic_helper._get_tensor_rank(src) == 0:  # a scalar value
         st = scalar_type(self)

@@ -48,14 +48,16 @@ def _src_as_index(g, src, index, symbolic_helper):
     if src_sizes is not None and src_sizes == index_sizes and None not in src_sizes:
         return src
     rank = symbolic_helper._get_tensor_rank(index)
-    return g.op("Slice", src, const(g, [0] * rank, torch.int64), g.op("Shape", index),
-                const(g, list(range(rank)), torch.int64))
+    return g.op(
+        "Slice", src, const(g, [0] * rank, torch.int64), g.op("Shape", index), const(g, list(range(rank)), torch.int64)
+    )
 
 
 def _sum_and_count(g, self, axis, index, src, dtype):
     total = g.op("ScatterElements", _fill(g, self, 0, dtype), index, src, axis_i=axis, reduction_s="add")
-    count = g.op("ScatterElements", _fill(g, self, 0, dtype), index, _fill(g, index, 1, dtype), axis_i=axis,
-                 reduction_s="add")
+    count = g.op(
+        "ScatterElements", _fill(g, self, 0, dtype), index, _fill(g, index, 1, dtype), axis_i=axis, reduction_s="add"
+    )
     return total, count
 
 
@@ -65,8 +67,9 @@ def _extreme(g, self, axis, index, src, mode, dtype):
         identity = info.min if mode == "amax" else info.max
         if dtype.is_floating_point:
             identity = float("-inf") if mode == "amax" else float("inf")
-        out = g.op("ScatterElements", _fill(g, self, identity, dtype), index, src, axis_i=axis,
-                   reduction_s=_EXTREMES[mode])
+        out = g.op(
+            "ScatterElements", _fill(g, self, identity, dtype), index, src, axis_i=axis, reduction_s=_EXTREMES[mode]
+        )
         _, count = _sum_and_count(g, self, axis, index, src, dtype)
         return g.op("Where", g.op("Greater", count, const(g, 0, dtype)), out, self)
     return _extreme_by_sorting(g, self, axis, index, src, mode)
@@ -84,8 +87,12 @@ def _extreme_by_sorting(g, self, axis, index, src, mode):
     index, order = g.op("TopK", index, length, axis_i=axis, largest_i=0, sorted_i=1, outputs=2)
     by_value = g.op("GatherElements", by_value, order, axis_i=axis)
     first = slice_axis(g, index, axis, 0, 1)
-    following = g.op("Concat", slice_axis(g, index, axis, 1, INT64_MAX),
-                     g.op("Sub", g.op("Mul", first, const(g, 0, torch.int64)), const(g, 1, torch.int64)), axis_i=axis)
+    following = g.op(
+        "Concat",
+        slice_axis(g, index, axis, 1, INT64_MAX),
+        g.op("Sub", g.op("Mul", first, const(g, 0, torch.int64)), const(g, 1, torch.int64)),
+        axis_i=axis,
+    )
     size = g.op("Gather", g.op("Shape", self), const(g, [axis], torch.int64), axis_i=0)
     target = g.op("Where", g.op("Equal", index, following), size, index)  # not the last: to the scratch slot
     padded = g.op("Concat", self, slice_axis(g, self, axis, 0, 1), axis_i=axis)
@@ -118,8 +125,12 @@ def scatter_reduce(g, self, dim, index, src, reduce, include_self):  # noqa: A00
     keep_self = symbolic_helper._maybe_get_const(include_self, "b")
     st = scalar_type(self)
     dtype = None if st is None else st.dtype()
-    handled = (keep_self is False and dtype is not None and symbolic_helper._is_value(index)
-               and (mode in ("sum", *_EXTREMES) or (mode == "mean" and dtype.is_floating_point)))
+    handled = (
+        keep_self is False
+        and dtype is not None
+        and symbolic_helper._is_value(index)
+        and (mode in ("sum", *_EXTREMES) or (mode == "mean" and dtype.is_floating_point))
+    )
     if not handled:
         return torch_symbolics(16).scatter_reduce(g, self, dim, index, src, reduce, include_self)
     axis = symbolic_helper._get_const(dim, "i", "dim")
@@ -129,7 +140,9 @@ def scatter_reduce(g, self, dim, index, src, reduce, include_self):  # noqa: A00
     if mode in _EXTREMES and exporting_for_training() and (_may_need_gradient(self) or _may_need_gradient(src)):
         symbolic_helper._onnx_unsupported(
             f"aten::scatter_reduce with reduce={mode!r}, include_self=False on a tensor that may need a gradient "
-            "(ORT's ScatterElements gradient would ignore the reduction)", self)
+            "(ORT's ScatterElements gradient would ignore the reduction)",
+            self,
+        )
     src = _src_as_index(g, src, index, symbolic_helper)
     if scalar_type(src) != st:
         src = g.op("Cast", src, to_i=st.onnx_type())
