@@ -1,5 +1,6 @@
 # The README's commands. `make test` creates .venv/ (Python 3.11), installs ort_hf with its
-# cpu and dev extras, builds or reuses ORTModule's C++ extensions, and runs the tests.
+# cpu and dev extras, builds or reuses ORTModule's C++ extensions, checks the code with ruff (lint and
+# format), and runs the tests.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,6 +26,8 @@ doctor: setup
 	$(VENV)/bin/ort-hf doctor
 
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ort-hf doctor
 	$(PY) -m pytest tests
 
