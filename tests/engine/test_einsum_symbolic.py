@@ -27,6 +27,7 @@ CASES = [
     ("abc,c->ab", [(2, 3, 4), (4,)]),  # a summed label on one side only, after MatMul
     ("xyz->zx", [(2, 3, 4)]),  # one operand: sum and transpose
     ("...ij,jk", [(3, 4), (4, 5)]),  # implicit output, an ellipsis covering nothing
+    ("ibnd,hnd->ibh", [(2, 6, 3, 5), (4, 3, 5)]),  # XLNet: two contracted labels (ORT's own symbolic's MatMul)
     ("b...d,...d->b...", [(2, 3, 4), (1, 4)]),  # broadcast of a size-1 ellipsis dim
 ]
 

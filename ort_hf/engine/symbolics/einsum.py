@@ -1,9 +1,11 @@
 """``aten::einsum`` of one or two operands as ``Transpose`` / ``ReduceSum`` / ``MatMul``, which ORT
 can differentiate.
 
-torch's symbolic exports ONNX ``Einsum``, which ORT 1.19.2 runs forward but has no gradient for, so a
-model that trains through an einsum (LongT5's local and transient-global attention,
-``"...qhd,...khd->...hqk"``) could not train through ORT. Each operand first sums the labels only it
+ORT 1.19.2 has no gradient for ONNX ``Einsum``. Its own ``einsum`` symbolic (which this entry replaces
+in ORT's table) exports two operands with an explicit output and no ellipsis as ``MatMul``, and is
+still used for them; an ellipsis or a single operand left an ``Einsum``, so a model that trains
+through one (LongT5's local and transient-global attention, ``"...qhd,...khd->...hqk"``) could not
+train through ORT. This module takes those. Each operand first sums the labels only it
 has and the output lacks; then one ``MatMul`` contracts the pair (:func:`_pair`), and the result is
 transposed to the output's order: the pairwise contraction torch's own einsum performs with
 ``bmm``, so no larger intermediate than torch's.
@@ -149,6 +151,13 @@ def einsum(g, equation, tensor_list, path=None):
     symbolic_helper, _ = exporter_helpers()
     equation = symbolic_helper._parse_arg(equation, "s")
     tensors = symbolic_helper._unpack_list(tensor_list)
+    output = equation.partition("->")[2].strip()
+    if len(tensors) == 2 and "->" in equation and "." not in equation and output:
+        # ORT's own symbolic (the one this entry replaces) turns these into MatMul, reshaping any number
+        # of contracted labels; it leaves an Einsum for an ellipsis or one operand, which this module takes.
+        from onnxruntime.training.ortmodule._custom_op_symbolic_registry import einsum_internal
+
+        return einsum_internal(g, equation, tensor_list)
     result = _decompose(g, equation, list(tensors))
     if result is not None:
         return result
