@@ -34,6 +34,8 @@ WAITS_FOR: dict[str, str] = {
     "inkling2_loop_text": _FLIP_OF_UNFOLD,
     "inkling2_text": _FLIP_OF_UNFOLD,
     "jamba": _LENGTH_BAKED_SCAN,
+    "jetmoe": "not diagnosed: the pre-flight finds ORT's loss 8e-4 from PyTorch's on a copy of the first batch "
+    "5 columns longer (the sweep's own batches of other lengths agree, with the pre-flight off)",
     "led": _LENGTH_BAKED_WINDOW,
     "llama4_text": "`torch.polar` (complex rotary embedding): ORT has no complex tensors; needs the rotation "
     "written in real cosine and sine ops",
