@@ -17,6 +17,12 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   loop than PyTorch's vectorised ``gelu_backward``; it becomes ONNX ``Add`` (X + B) then an ORT
   ``ATen`` node calling ``aten::gelu_backward`` (``approximate`` left at its default, 'none'). Only
   float32.
+- ``FastGeluGrad`` and ``BiasFastGeluGrad_dX`` (the gradient of the tanh-approximated GELU that ORT
+  runs as ``FastGelu``: GPT-2's ``gelu_new``, ``gelu_pytorch_tanh``) are a serial loop too, 7.7% of
+  ORT's node time on the ``clm-gpt2`` bench workload against 0.3% for the forward; they become
+  (``Add`` X + B, then) ort_hf's ``gelu_tanh_backward`` (``csrc/cpu_gelu_tanh_grad.cpp``: PyTorch's
+  ``gelu_backward`` with ``approximate='tanh'``, which ORT's ATen node cannot pass as a string).
+  Only float32.
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
   (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
@@ -98,6 +104,7 @@ class _Context:
         self.mask_ratios = dict(self.dropout_masks.values())
         self.own_embedding_grad = "embedding_grad" in swaps and _own_kernel("embedding_dense_grad")
         self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
+        self.own_gelu_tanh_grad = "gelu_grad" in swaps and _own_kernel("gelu_tanh_backward")
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -282,6 +289,28 @@ def _bias_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
     ]
 
 
+def _fast_gelu_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    # FastGeluGrad(dY, X), or BiasFastGeluGrad_dX(dY, X, B) once ORT fused the bias Add into FastGelu.
+    if not ctx.own_gelu_tanh_grad or len(node.input) not in (2, 3) or ctx.types.get(node.input[0]) != TensorProto.FLOAT:
+        return None
+    nodes, x = [], node.input[1]
+    if len(node.input) == 3:
+        x = f"{_name(node)}/gelu_input"
+        nodes.append(helper.make_node("Add", [node.input[1], node.input[2]], [x], name=f"{_name(node)}/Add"))
+    ctx.new_types[node.output[0]] = TensorProto.FLOAT
+    return nodes + [
+        helper.make_node(
+            "ATen",
+            [node.input[0], x],
+            [node.output[0]],
+            name=f"{_name(node)}/ort_hf_gelu_tanh_backward",
+            domain=_ATEN,
+            operator="ort_hf::gelu_tanh_backward",
+            overload_name="",
+        )
+    ]
+
+
 def _weight_lookups(graph: GraphProto) -> set[str]:
     """The indices of the graph's ATen ``embedding`` lookups into a weight (a graph input or
     initializer, not a tensor the graph computes).
@@ -407,6 +436,8 @@ def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
 _SWAPS = {
     ("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
     ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
+    ("FastGeluGrad", _MS): ("gelu_grad", _fast_gelu_grad),
+    ("BiasFastGeluGrad_dX", _MS): ("gelu_grad", _fast_gelu_grad),
     ("Dropout", ""): ("dropout", _dropout),
     ("Dropout", "ai.onnx"): ("dropout", _dropout),
     ("DropoutGrad", _MS): ("dropout", _dropout_grad),

@@ -184,8 +184,9 @@ class ORTOptions:
     )
     cpu_gelu_grad_swap: bool = _opt(
         True,
-        "CPU: run ORT's BiasGeluGrad_dX (exact-erf GELU's gradient) as PyTorch's "
-        "vectorised gelu_backward (engine/cpu_kernel_swaps.py).",
+        "CPU: run ORT's GELU gradients (BiasGeluGrad_dX for the exact erf form, FastGeluGrad "
+        "and BiasFastGeluGrad_dX for the tanh form) as PyTorch's vectorised gelu_backward "
+        "(engine/cpu_kernel_swaps.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,
