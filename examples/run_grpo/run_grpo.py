@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from transformers import HfArgumentParser, TrainerCallback
 
@@ -57,37 +58,45 @@ class ExampleArguments:
 
 class StepTimer(TrainerCallback):
     """Seconds of each optimizer step, whole and in generation (wrapping the trainer's
-    ``_generate_and_score_completions`` on the instance)."""
+    ``_generate_and_score_completions`` on the instance); for generation also the process's CPU
+    seconds (every thread: on a loaded machine PyTorch's OpenMP threads spin while waiting for each
+    other, and both wall and CPU seconds grow with the load)."""
 
     def __init__(self, trainer):
         self.whole: list[float] = []
         self.generation: list[float] = []
-        self._generating = 0.0
+        self.generation_cpu: list[float] = []
+        self._generating = self._generating_cpu = 0.0
         generate = trainer._generate_and_score_completions
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             try:
                 return generate(*args, **kwargs)
             finally:
                 self._generating += time.perf_counter() - start
+                self._generating_cpu += time.process_time() - start_cpu
 
         trainer._generate_and_score_completions = timed
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._generating, self._start = 0.0, time.perf_counter()
+        self._generating = self._generating_cpu = 0.0
+        self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.whole.append(time.perf_counter() - self._start)
         self.generation.append(self._generating)
+        self.generation_cpu.append(self._generating_cpu)
 
     def medians(self, skip: int) -> dict[str, float]:
         whole, generation = self.whole[skip:], self.generation[skip:]
         return {
             "step_s": statistics.median(whole),
             "generation_s": statistics.median(generation),
+            "generation_cpu_s": statistics.median(self.generation_cpu[skip:]),
             "train_part_s": statistics.median(w - g for w, g in zip(whole, generation)),
             "timed_steps": len(whole),
+            "torch_threads": torch.get_num_threads(),
         }
 
 
@@ -100,7 +109,7 @@ def prompts(path: str, limit: int) -> Dataset:
 def compare_timings(output_dir: str) -> None:
     runs = {name: json.loads((Path(output_dir) / name / SUMMARY_FILE).read_text()) for name in ("ort", "pytorch")}
     print(f"\n  {'median s per step':<28} {'ORT':>10} {'GRPOTrainer':>12} {'ORT/GRPOTrainer':>16}")
-    for key in ("train_part_s", "generation_s", "step_s", "peak_memory_mb"):
+    for key in ("train_part_s", "generation_s", "generation_cpu_s", "step_s", "peak_memory_mb"):
         a, b = runs["ort"][key], runs["pytorch"][key]
         print(f"  {key:<28} {a:>10.4g} {b:>12.4g} {a / b:>15.2f}x")
 
