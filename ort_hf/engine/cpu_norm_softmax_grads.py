@@ -1,0 +1,86 @@
+"""The normalisation and softmax gradients of ORT 1.19.2's CPU training graphs, swapped for faster
+kernels computing the same values (``cpu_kernel_swaps`` runs them, as it runs the other swaps).
+
+Each was found from ORT's per-node profile of the families users fine-tune, and is several times
+slower than PyTorch's kernel on the same shapes (CPU time a call, ORT on 2 intra-op threads,
+PyTorch on the one thread ORT's graph gives it, an AMD EPYC with AVX2;
+``docs/results/kernel-profiles/`` has the commands and their raw output):
+
+- ``LayerNormalizationGrad`` (BERT, RoBERTa, DeBERTa, ELECTRA, OPT, GPT-NeoX, BART: every LayerNorm)
+  becomes ORT's ``ATen`` node calling ``aten::native_layer_norm_backward`` with the mean and
+  inverse standard deviation ORT's forward saved (2048 x 256: 3.0 ms against 0.5 ms).
+- ``SimplifiedLayerNormalizationGrad`` (RMSNorm: Llama, Qwen2, Gemma, Phi-3, T5) becomes ort_hf's
+  ``rms_norm_backward`` (``csrc/cpu_rms_norm_grad.cpp``; PyTorch has no CPU kernel for it) (2048 x
+  256: 10.6 ms against 1.8 ms). Both behind ``ORTOptions.cpu_norm_grad_swap``.
+- ``SoftmaxGrad_13`` (every attention's probabilities) becomes ort_hf's ``softmax_backward``
+  (``csrc/cpu_softmax_grad.cpp``: PyTorch's ``_softmax_backward_data``, whose dtype argument ORT's
+  ATen node cannot pass) (8 x 4 x 256 x 256: 5.3 ms against 2.2 ms), behind
+  ``ORTOptions.cpu_softmax_grad_swap``.
+
+Only float32, and only over the last axis (``axis`` -1), the form every model's export gave.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto, helper
+
+_ATEN = "org.pytorch.aten"
+
+
+def _prefix(node) -> str:
+    return node.name or node.output[0]
+
+
+def _aten(node, inputs: list[str], outputs: list[str], operator: str, ctx) -> dict:
+    ctx.new_types.update(dict.fromkeys(outputs, TensorProto.FLOAT))
+    return helper.make_node(
+        "ATen",
+        inputs,
+        outputs,
+        name=f"{_prefix(node)}/{operator.replace('::', '_')}",
+        domain=_ATEN,
+        operator=operator,
+        overload_name="",
+    )
+
+
+def _last_axis_float(node, attrs: dict, ctx, inputs: int) -> bool:
+    return (
+        attrs.get("axis", -1) == -1 and len(node.input) == inputs and ctx.types.get(node.input[0]) == TensorProto.FLOAT
+    )
+
+
+def layer_norm_grad(node, attrs: dict, ctx) -> list | None:
+    # LayerNormalizationGrad(dY, X, scale, mean, inv_std_var) -> (dX, dscale, dbias)
+    if not _last_axis_float(node, attrs, ctx, 5):
+        return None
+    dy, x, scale, mean, inv_std = node.input
+    shape = f"{_prefix(node)}/normalized_shape"
+    # native_layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    # the scale stands in for the bias, whose shape it has (the kernel reads only its shape, to
+    # size dbias). ORT's node has all three outputs (its schema requires them), so all are computed.
+    return [
+        helper.make_node("Shape", [scale], [shape], name=f"{_prefix(node)}/Shape"),
+        _aten(
+            node,
+            [dy, x, shape, mean, inv_std, scale, scale, ctx.int64_vector((1, 1, 1))],
+            list(node.output),
+            "native_layer_norm_backward",
+            ctx,
+        ),
+    ]
+
+
+def rms_norm_grad(node, attrs: dict, ctx) -> list | None:
+    # SimplifiedLayerNormalizationGrad(dY, X, scale, inv_std_var) -> (dX, dscale)
+    if not ctx.own_rms_norm_grad or not _last_axis_float(node, attrs, ctx, 4):
+        return None
+    return [_aten(node, list(node.input), list(node.output), "ort_hf::rms_norm_backward", ctx)]
+
+
+def softmax_grad(node, attrs: dict, ctx) -> list | None:
+    # SoftmaxGrad_13(dY, Y) -> dX
+    if not ctx.own_softmax_grad or not _last_axis_float(node, attrs, ctx, 2):
+        return None
+    inputs = [*node.input, ctx.int64_scalar(-1)]
+    return [_aten(node, inputs, list(node.output), "ort_hf::softmax_backward", ctx)]
