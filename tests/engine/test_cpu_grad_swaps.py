@@ -1,7 +1,7 @@
-"""engine/cpu_norm_softmax_grads.py: ORT's LayerNorm, RMSNorm and softmax gradients, swapped for
+"""engine/cpu_grad_swaps.py: ORT's LayerNorm, RMSNorm, softmax and ReLU gradients, swapped for
 PyTorch's kernel or ort_hf's, give ORT's kernels' values (and float64's within float32 rounding);
-what they cannot take stays with ORT; tiny Llama and BERT train through ORT with them swapped, the
-same loss and gradients as in PyTorch."""
+what they cannot take stays with ORT; tiny Llama, BERT and T5 train through ORT with them swapped,
+the same loss and gradients as in PyTorch."""
 
 import copy
 
@@ -9,13 +9,18 @@ import numpy as np
 import pytest
 import torch
 from onnx import TensorProto, helper
-from tiny_models import FAMILIES, build, make_batch
+from tiny_models import EXTRA_FAMILIES, FAMILIES, build, make_batch
 
 from ort_hf.engine import ORTOptions, wrap_model
 from ort_hf.engine.cpu_kernel_swaps import swap_kernels
 from ort_hf.module_with_loss import ModuleWithLoss
 
-SWAPPED = ("LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad", "SoftmaxGrad_13")
+KERNELS = {  # ORT's kernel -> the operator of the ATen node in its place
+    "LayerNormalizationGrad": b"native_layer_norm_backward",
+    "SimplifiedLayerNormalizationGrad": b"ort_hf::rms_norm_backward",
+    "SoftmaxGrad_13": b"ort_hf::softmax_backward",
+    "ReluGrad": b"ort_hf::relu_backward",
+}
 
 
 def _model(op_type: str, inputs: list, outputs: list[str], dtype=TensorProto.FLOAT, **attrs):
@@ -114,16 +119,35 @@ def test_other_axes_and_precisions_stay_with_ort(aten_nodes_run, op_type, inputs
     assert swap_kernels(model.graph) == {}
 
 
+def test_relu_gradient_swapped_gives_orts_values(aten_nodes_run):
+    rng = np.random.default_rng(0)
+    feeds = {
+        "dy": rng.standard_normal((33, 48)).astype(np.float32),
+        "x": rng.standard_normal((33, 48)).astype(np.float32),
+    }
+    feeds["x"][0, :5] = 0.0  # ReLU's kink: no gradient at 0, in both
+    model = _model("ReluGrad", [("dy", [33, 48]), ("x", [33, 48])], ["dx"])
+    expected = _run(model, feeds)[0]
+    assert swap_kernels(model.graph) == {"ReluGrad": 1}
+    np.testing.assert_array_equal(_run(model, feeds)[0], expected)  # a selection: bit-equal
+    np.testing.assert_array_equal(expected, np.where(feeds["x"] > 0, feeds["dy"], 0))
+
+
 @pytest.mark.parametrize(
-    "family,norm_op,layers",
-    [("llama-clm", "SimplifiedLayerNormalizationGrad", 2), ("bert-cls", "LayerNormalizationGrad", 2)],
+    "family,expected",
+    [
+        ("llama-clm", {"SimplifiedLayerNormalizationGrad", "SoftmaxGrad_13"}),
+        ("bert-cls", {"LayerNormalizationGrad", "SoftmaxGrad_13"}),
+        ("t5-s2s", {"SimplifiedLayerNormalizationGrad", "SoftmaxGrad_13", "ReluGrad"}),
+    ],
 )
-def test_tiny_model_trains_with_norm_and_softmax_gradients_swapped(family, norm_op, layers):
-    model = build(FAMILIES[family])
+def test_tiny_model_trains_with_its_gradients_swapped(family, expected):
+    spec = {**FAMILIES, **EXTRA_FAMILIES}[family]
+    model = build(spec)
     reference = copy.deepcopy(model)
     engine = wrap_model(ModuleWithLoss(model), ORTOptions(fallback="disable", log_level="ERROR"))
     engine.train()
-    batch = make_batch(FAMILIES[family].task, torch.Generator().manual_seed(1))
+    batch = make_batch(spec.task, torch.Generator().manual_seed(1))
     own = reference(**batch).loss
     own.backward()
     got = engine(**batch)["loss"]
@@ -132,11 +156,33 @@ def test_tiny_model_trains_with_norm_and_softmax_gradients_swapped(family, norm_
     torch.testing.assert_close(got.detach(), own.detach(), rtol=1e-5, atol=1e-6)
     for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
         torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    swapped = engine._record.swapped
-    norms = 2 * layers + 1  # two a layer, and Llama's final norm or BERT's embedding norm
-    assert swapped[norm_op] == norms and swapped["SoftmaxGrad_13"] == layers
+    swapped = {op: count for op, count in engine._record.swapped.items() if op in KERNELS}
+    assert set(swapped) == expected
     graph = engine.training_graph().graph
-    assert not [n for n in graph.node if n.op_type in SWAPPED]
+    assert not [n for n in graph.node if n.op_type in KERNELS]  # none left with ORT
     operators = [a.s for n in graph.node if n.op_type == "ATen" for a in n.attribute if a.name == "operator"]
-    norm_kernel = b"ort_hf::rms_norm_backward" if norm_op.startswith("Simplified") else b"native_layer_norm_backward"
-    assert operators.count(norm_kernel) == norms and operators.count(b"ort_hf::softmax_backward") == layers
+    for op, count in swapped.items():
+        assert operators.count(KERNELS[op]) == count, op
+
+
+def test_a_large_softmax_gradient_reuses_a_released_buffer(aten_nodes_run):
+    # 32 MiB and more: written into a kept buffer once nothing holds it (csrc/cpu_softmax_grad.cpp)
+    from ort_hf.engine.cpu_kernel_swaps import release_kernel_buffers
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.softmax(torch.randn(2, 4, 1024, 1024, generator=g), -1)
+    dy = torch.randn(y.shape, generator=g)
+    want = torch.ops.aten._softmax_backward_data(dy, y, -1, torch.float32)
+    first = torch.ops.ort_hf.softmax_backward(dy, y, -1)
+    held = torch.ops.ort_hf.softmax_backward(dy, y, -1)  # the first is held: a buffer of its own
+    assert held.data_ptr() != first.data_ptr()
+    kept = first.data_ptr()
+    first.fill_(float("nan"))
+    del first
+    other = torch.empty(y.shape)  # would get the freed block, were it not kept
+    assert other.data_ptr() != kept
+    again = torch.ops.ort_hf.softmax_backward(dy, y, -1)
+    assert again.data_ptr() == kept
+    for got in (held, again):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    release_kernel_buffers()

@@ -1,23 +1,30 @@
-"""The normalisation and softmax gradients of ORT 1.19.2's CPU training graphs, swapped for faster
-kernels computing the same values (``cpu_kernel_swaps`` runs them, as it runs the other swaps).
+"""The normalisation, softmax and ReLU gradients of ORT 1.19.2's CPU training graphs, swapped for
+faster kernels computing the same values (``cpu_kernel_swaps`` runs them, as it runs the other swaps).
 
 Each was found from ORT's per-node profile of the families users fine-tune, and is several times
-slower than PyTorch's kernel on the same shapes (CPU time a call, ORT on 2 intra-op threads,
-PyTorch on the one thread ORT's graph gives it, an AMD EPYC with AVX2;
-``docs/results/kernel-profiles/`` has the commands and their raw output):
+slower than PyTorch's kernel on the same shapes: CPU time a call, ORT on 2 intra-op threads,
+PyTorch on the one thread ORT's graph gives it, on a 2-core AMD EPYC with AVX2
+(``scripts/kernel_microbench.py``; its output, and the profiles, in ``docs/results/kernel-profiles/``):
 
 - ``LayerNormalizationGrad`` (BERT, RoBERTa, DeBERTa, ELECTRA, OPT, GPT-NeoX, BART: every LayerNorm)
   becomes ORT's ``ATen`` node calling ``aten::native_layer_norm_backward`` with the mean and
-  inverse standard deviation ORT's forward saved (2048 x 256: 3.0 ms against 0.5 ms).
+  inverse standard deviation ORT's forward saved (2048 x 256: 3.3 ms against 0.8 ms).
 - ``SimplifiedLayerNormalizationGrad`` (RMSNorm: Llama, Qwen2, Gemma, Phi-3, T5) becomes ort_hf's
   ``rms_norm_backward`` (``csrc/cpu_rms_norm_grad.cpp``; PyTorch has no CPU kernel for it) (2048 x
-  256: 10.6 ms against 1.8 ms). Both behind ``ORTOptions.cpu_norm_grad_swap``.
+  256: 10.3 ms against 2.0 ms). Both behind ``ORTOptions.cpu_norm_grad_swap``.
 - ``SoftmaxGrad_13`` (every attention's probabilities) becomes ort_hf's ``softmax_backward``
   (``csrc/cpu_softmax_grad.cpp``: PyTorch's ``_softmax_backward_data``, whose dtype argument ORT's
-  ATen node cannot pass) (8 x 4 x 256 x 256: 5.3 ms against 2.2 ms), behind
+  ATen node cannot pass, writing a result of 32 MiB or more into a kept buffer) (8 x 4 x 256 x 256:
+  6.0 ms against 2.5 ms; 8 x 8 x 512 x 512: 51 ms against 20 ms), behind
   ``ORTOptions.cpu_softmax_grad_swap``.
+- ``ReluGrad`` (T5's and OPT's feed-forward ReLU) becomes ort_hf's ``relu_backward``
+  (``csrc/cpu_relu_grad.cpp``: PyTorch's ``threshold_backward`` at 0, what PyTorch's own ReLU
+  gradient runs, whose Scalar threshold ORT's ATen node cannot pass) (2048 x 1024: 12.6 ms against 2.0 ms), behind
+  ``ORTOptions.cpu_relu_grad_swap``.
 
-Only float32, and only over the last axis (``axis`` -1), the form every model's export gave.
+SiLU's gradient (``QuickGeluGrad`` with alpha 1: Llama, Qwen2, Phi-3) is within 1.5x of PyTorch's
+``silu_backward`` on the same shapes, and stays with ORT. Only float32, and the norms and softmax
+only over the last axis (``axis`` -1), the form every model's export gave.
 """
 
 from __future__ import annotations
@@ -76,6 +83,13 @@ def rms_norm_grad(node, attrs: dict, ctx) -> list | None:
     if not ctx.own_rms_norm_grad or not _last_axis_float(node, attrs, ctx, 4):
         return None
     return [_aten(node, list(node.input), list(node.output), "ort_hf::rms_norm_backward", ctx)]
+
+
+def relu_grad(node, attrs: dict, ctx) -> list | None:
+    # ReluGrad(dY, X) -> dX: dY where X > 0, else 0
+    if not ctx.own_relu_grad or len(node.input) != 2 or ctx.types.get(node.input[0]) != TensorProto.FLOAT:
+        return None
+    return [_aten(node, list(node.input), list(node.output), "ort_hf::relu_backward", ctx)]
 
 
 def softmax_grad(node, attrs: dict, ctx) -> list | None:
