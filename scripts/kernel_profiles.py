@@ -7,7 +7,8 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
 ``--ort_profile_dir``. One process a family:
 
     python scripts/kernel_profiles.py llama bert t5 --out_dir docs/results/kernel-profiles/<cpu key> [--tag after]
-    python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap
+    python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap \\
+        cpu_relu_grad_swap cpu_gather_elements_grad_swap
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
@@ -22,6 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+# the ATen nodes of engine/cpu_grad_swaps.py, by the last part of their name
+SWAP_KERNELS = (
+    "native_layer_norm_backward",
+    "ort_hf_rms_norm_backward",
+    "ort_hf_softmax_backward",
+    "ort_hf_relu_backward",
+    "ort_hf_gather_elements_grad",
+)
 FAMILIES = ("llama", "qwen2", "gemma", "phi3", "neox", "opt", "bert", "roberta", "deberta", "electra", "t5", "bart")
 
 
@@ -159,12 +168,16 @@ def _train(family: str, profile_dir: str, off: list[str]) -> None:
 
 
 def summary(profile: Path, top: int = 25) -> str:
-    """ORT's node time by op type, largest first."""
+    """ORT's node time by op type, largest first; ATen nodes by the kernel they call (the last part
+    of their name: ``cpu_kernel_swaps`` names each after its kernel; ``ATen`` alone for the others)."""
     events = json.loads(profile.read_text())
     by_op, calls = collections.Counter(), collections.Counter()
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"].get("op_name")
+            kernel = event["name"].removesuffix("_kernel_time").rsplit("/", 1)[-1]
+            if op == "ATen" and kernel in SWAP_KERNELS:
+                op = f"ATen:{kernel}"
             by_op[op] += event["dur"]
             calls[op] += 1
     total = sum(by_op.values())
@@ -180,6 +193,7 @@ def main() -> None:
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--tag", default="after")
     parser.add_argument("--off", nargs="*", default=[], help="ORTOptions switches to turn off (the 'before' runs)")
+    parser.add_argument("--profile_dir", help="keep ORT's raw profiles here (default: a temporary folder)")
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
     if args._run:
@@ -188,7 +202,8 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for family in args.families:
-        with tempfile.TemporaryDirectory() as profile_dir:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile_dir = str(Path(args.profile_dir) / f"{family}-{args.tag}") if args.profile_dir else tmp
             cmd = [sys.executable, __file__, family, "--out_dir", str(out), "--_run", profile_dir, "--off", *args.off]
             subprocess.run(cmd, check=True)
             profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)  # the training session's
