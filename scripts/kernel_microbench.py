@@ -1,6 +1,6 @@
 """ORT 1.19.2's CPU gradient kernels against the PyTorch (or ort_hf) kernels ort_hf runs in their
 place, on the same shapes (issue 44): the evidence for the swaps of ``engine/cpu_grad_swaps.py``,
-and for leaving the others be.
+and for leaving the others (SiLU's and GatherElements' gradients) with ORT.
 
 Each ORT kernel runs alone in an ORT session of one node (2 intra-op threads, no spinning); the
 PyTorch kernel runs on one thread, as ORT's graph gives it (``ORTOptions.torch_threads_in_graph``).
@@ -101,14 +101,15 @@ def _cases(rng):
             {"dy": dy.numpy(), "y": y.numpy()},
             lambda dy=dy, y=y: torch.ops.ort_hf.softmax_backward(dy, y, -1),
         )
-    for x_shape, i_shape in [((64, 128, 256), (64, 128, 128)), ((32, 256, 512), (32, 256, 256))]:
+    # checked and left with ORT: GatherElementsGrad (DeBERTa's shapes), against scatter_add_ into zeros
+    for x_shape, i_shape in [((64, 128, 512), (64, 128, 128)), ((64, 128, 256), (64, 128, 128))]:
         dy = randn(*i_shape)
         idx = rng.integers(0, x_shape[-1], i_shape).astype(np.int64)
         t_dy, t_idx = torch.tensor(dy), torch.tensor(idx)
         inputs = {"dy": list(i_shape), "shape": [3], "idx": list(i_shape)}
         yield (
             "GatherElementsGrad",
-            "ort_hf::gather_elements_grad",
+            "aten::scatter_add_ into zeros",
             [list(i_shape), list(x_shape)],
             _session(
                 "GatherElementsGrad",
@@ -118,7 +119,7 @@ def _cases(rng):
                 types={"shape": TensorProto.INT64, "idx": TensorProto.INT64},
             ),
             {"dy": dy, "shape": np.array(x_shape, np.int64), "idx": idx},
-            lambda t_dy=t_dy, t_idx=t_idx, s=list(x_shape): torch.ops.ort_hf.gather_elements_grad(t_dy, s, t_idx, -1),
+            lambda t_dy=t_dy, t_idx=t_idx, s=x_shape: torch.zeros(s).scatter_add_(-1, t_idx, t_dy),
         )
     # SiLU's gradient (QuickGeluGrad, alpha 1) checked and left with ORT; ReLU's swapped
     for shape in [(2048, 688), (2048, 1024)]:

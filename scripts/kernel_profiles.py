@@ -8,7 +8,7 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
 
     python scripts/kernel_profiles.py llama bert t5 --out_dir docs/results/kernel-profiles/<cpu key> [--tag after]
     python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap \\
-        cpu_relu_grad_swap cpu_gather_elements_grad_swap
+        cpu_relu_grad_swap
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
@@ -29,7 +29,6 @@ SWAP_KERNELS = (
     "ort_hf_rms_norm_backward",
     "ort_hf_softmax_backward",
     "ort_hf_relu_backward",
-    "ort_hf_gather_elements_grad",
 )
 FAMILIES = ("llama", "qwen2", "gemma", "phi3", "neox", "opt", "bert", "roberta", "deberta", "electra", "t5", "bart")
 

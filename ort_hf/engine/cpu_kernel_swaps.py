@@ -23,8 +23,8 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   (``Add`` X + B, then) ort_hf's ``gelu_tanh_backward`` (``csrc/cpu_gelu_tanh_grad.cpp``: PyTorch's
   ``gelu_backward`` with ``approximate='tanh'``, which ORT's ATen node cannot pass as a string).
   Only float32.
-- ``LayerNormalizationGrad``, ``SimplifiedLayerNormalizationGrad`` (RMSNorm), ``SoftmaxGrad_13``,
-  ``ReluGrad`` and ``GatherElementsGrad`` run on PyTorch's kernels or ort_hf's (``cpu_grad_swaps.py`` has them and their
+- ``LayerNormalizationGrad``, ``SimplifiedLayerNormalizationGrad`` (RMSNorm), ``SoftmaxGrad_13`` and
+  ``ReluGrad`` run on PyTorch's kernels or ort_hf's (``cpu_grad_swaps.py`` has them and their
   figures).
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
@@ -65,7 +65,7 @@ import math
 
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
-from .cpu_grad_swaps import gather_elements_grad, layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
+from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
 
@@ -112,7 +112,6 @@ class _Context:
         self.own_rms_norm_grad = "norm_grad" in swaps and _own_kernel("rms_norm_backward")
         self.own_softmax_grad = "softmax_grad" in swaps and _own_kernel("softmax_backward")
         self.own_relu_grad = "relu_grad" in swaps and _own_kernel("relu_backward")
-        self.own_gather_elements_grad = "gather_elements_grad" in swaps and _own_kernel("gather_elements_grad")
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -466,7 +465,6 @@ _SWAPS = {
     ("SimplifiedLayerNormalizationGrad", _MS): ("norm_grad", rms_norm_grad),
     ("SoftmaxGrad_13", _MS): ("softmax_grad", softmax_grad),
     ("ReluGrad", _MS): ("relu_grad", relu_grad),
-    ("GatherElementsGrad", _MS): ("gather_elements_grad", gather_elements_grad),
     ("Dropout", ""): ("dropout", _dropout),
     ("Dropout", "ai.onnx"): ("dropout", _dropout),
     ("DropoutGrad", _MS): ("dropout", _dropout_grad),

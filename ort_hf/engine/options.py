@@ -204,11 +204,6 @@ class ORTOptions:
         "CPU: run ORT's ReLU gradient (ReluGrad: T5's and OPT's feed-forward) on PyTorch's "
         "vectorised threshold_backward (engine/cpu_grad_swaps.py).",
     )
-    cpu_gather_elements_grad_swap: bool = _opt(
-        True,
-        "CPU: run ORT's GatherElements gradient (GatherElementsGrad: DeBERTa's relative-position "
-        "gathers) as PyTorch's scatter_add_ into zeros (engine/cpu_grad_swaps.py).",
-    )
     cpu_cross_entropy_swap: bool = _opt(
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "

@@ -10,7 +10,6 @@ SWITCHES = {
     "norm_grad": "cpu_norm_grad_swap",
     "softmax_grad": "cpu_softmax_grad_swap",
     "relu_grad": "cpu_relu_grad_swap",
-    "gather_elements_grad": "cpu_gather_elements_grad_swap",
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
 }
