@@ -23,6 +23,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   (``Add`` X + B, then) ort_hf's ``gelu_tanh_backward`` (``csrc/cpu_gelu_tanh_grad.cpp``: PyTorch's
   ``gelu_backward`` with ``approximate='tanh'``, which ORT's ATen node cannot pass as a string).
   Only float32.
+- ``LayerNormalizationGrad``, ``SimplifiedLayerNormalizationGrad`` (RMSNorm), ``SoftmaxGrad_13`` and
+  ``ReluGrad`` run on PyTorch's kernels or ort_hf's (``cpu_grad_swaps.py`` has them and their
+  figures).
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
   (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
@@ -62,6 +65,7 @@ import math
 
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
+from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
 
@@ -105,6 +109,9 @@ class _Context:
         self.own_embedding_grad = "embedding_grad" in swaps and _own_kernel("embedding_dense_grad")
         self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
         self.own_gelu_tanh_grad = "gelu_grad" in swaps and _own_kernel("gelu_tanh_backward")
+        self.own_rms_norm_grad = "norm_grad" in swaps and _own_kernel("rms_norm_backward")
+        self.own_softmax_grad = "softmax_grad" in swaps and _own_kernel("softmax_backward")
+        self.own_relu_grad = "relu_grad" in swaps and _own_kernel("relu_backward")
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -126,6 +133,22 @@ class _Context:
     def int64_scalar(self, value: int) -> str:
         """An int64 scalar constant holding ``value``."""
         return self._constant(f"ort_hf/int64_{value}", TensorProto.INT64, value)
+
+    def int64_vector(self, values: tuple[int, ...]) -> str:
+        """An int64 1-D constant holding ``values`` (ATen's ``int[]`` and ``bool[]`` arguments)."""
+        name = "ort_hf/int64_vector_" + "_".join(map(str, values))
+        if name not in self._constants:
+            self._constants.add(name)
+            self.new_nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [name],
+                    name=name,
+                    value=helper.make_tensor(name, TensorProto.INT64, [len(values)], list(values)),
+                )
+            )
+        return name
 
     def float_zero(self) -> str:
         """A float32 scalar constant 0."""
@@ -438,6 +461,10 @@ _SWAPS = {
     ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
     ("FastGeluGrad", _MS): ("gelu_grad", _fast_gelu_grad),
     ("BiasFastGeluGrad_dX", _MS): ("gelu_grad", _fast_gelu_grad),
+    ("LayerNormalizationGrad", _MS): ("norm_grad", layer_norm_grad),
+    ("SimplifiedLayerNormalizationGrad", _MS): ("norm_grad", rms_norm_grad),
+    ("SoftmaxGrad_13", _MS): ("softmax_grad", softmax_grad),
+    ("ReluGrad", _MS): ("relu_grad", relu_grad),
     ("Dropout", ""): ("dropout", _dropout),
     ("Dropout", "ai.onnx"): ("dropout", _dropout),
     ("DropoutGrad", _MS): ("dropout", _dropout_grad),
@@ -492,11 +519,12 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
 
 
 def release_kernel_buffers() -> None:
-    """Drop the buffers ort_hf's embedding-gradient kernel keeps for reuse (a model is gone)."""
+    """Drop the buffers ort_hf's embedding- and softmax-gradient kernels keep for reuse (a model is gone)."""
     import torch
 
-    if _own_kernel("release_embedding_grad_buffers"):
-        torch.ops.ort_hf.release_embedding_grad_buffers()
+    for release in ("release_embedding_grad_buffers", "release_softmax_grad_buffers"):
+        if _own_kernel(release):
+            getattr(torch.ops.ort_hf, release)()
 
 
 def _own_kernel(name: str) -> bool:

@@ -188,6 +188,22 @@ class ORTOptions:
         "and BiasFastGeluGrad_dX for the tanh form) as PyTorch's vectorised gelu_backward "
         "(engine/cpu_kernel_swaps.py).",
     )
+    cpu_norm_grad_swap: bool = _opt(
+        True,
+        "CPU: run ORT's LayerNorm and RMSNorm gradients (LayerNormalizationGrad, "
+        "SimplifiedLayerNormalizationGrad) on PyTorch's native_layer_norm_backward and ort_hf's "
+        "vectorised RMSNorm gradient (engine/cpu_grad_swaps.py).",
+    )
+    cpu_softmax_grad_swap: bool = _opt(
+        True,
+        "CPU: run ORT's softmax gradient (SoftmaxGrad_13: attention probabilities) on PyTorch's "
+        "vectorised _softmax_backward_data (engine/cpu_grad_swaps.py).",
+    )
+    cpu_relu_grad_swap: bool = _opt(
+        True,
+        "CPU: run ORT's ReLU gradient (ReluGrad: T5's and OPT's feed-forward) on PyTorch's "
+        "vectorised threshold_backward (engine/cpu_grad_swaps.py).",
+    )
     cpu_cross_entropy_swap: bool = _opt(
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "

@@ -7,6 +7,9 @@ from __future__ import annotations
 SWITCHES = {
     "cross_entropy": "cpu_cross_entropy_swap",
     "gelu_grad": "cpu_gelu_grad_swap",
+    "norm_grad": "cpu_norm_grad_swap",
+    "softmax_grad": "cpu_softmax_grad_swap",
+    "relu_grad": "cpu_relu_grad_swap",
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
 }

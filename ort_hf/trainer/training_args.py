@@ -169,6 +169,9 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_dropout_kernels: bool = _ort("cpu_dropout_kernels")
     ort_cpu_embedding_grad_kernel: bool = _ort("cpu_embedding_grad_kernel")
     ort_cpu_gelu_grad_swap: bool = _ort("cpu_gelu_grad_swap")
+    ort_cpu_norm_grad_swap: bool = _ort("cpu_norm_grad_swap")
+    ort_cpu_softmax_grad_swap: bool = _ort("cpu_softmax_grad_swap")
+    ort_cpu_relu_grad_swap: bool = _ort("cpu_relu_grad_swap")
     ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")
     ort_preflight: str = _ort("preflight")
 

@@ -1,0 +1,215 @@
+"""ORT's per-node profile of a short ORTTrainer run per model family, summed by op type (issue 44):
+where ORT's CPU node time goes, the ground for the kernel swaps of ``engine/cpu_grad_swaps.py``.
+
+Each family is a model built in code at tiny-but-realistic widths (hidden 256, 2 layers, 4 for the
+encoders, its real vocabulary), the dropout it ships with, random token ids: causal LMs at batch 8 x
+256, classifiers at 16 x 128, seq2seq at 16 x 128 with 64 target tokens; 4 steps with
+``--ort_profile_dir``. One process a family:
+
+    python scripts/kernel_profiles.py llama bert t5 --out_dir docs/results/kernel-profiles/<cpu key> [--tag after]
+    python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap \\
+        cpu_relu_grad_swap
+
+writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
+machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# the ATen nodes of engine/cpu_grad_swaps.py, by the last part of their name
+SWAP_KERNELS = (
+    "native_layer_norm_backward",
+    "ort_hf_rms_norm_backward",
+    "ort_hf_softmax_backward",
+    "ort_hf_relu_backward",
+)
+FAMILIES = ("llama", "qwen2", "gemma", "phi3", "neox", "opt", "bert", "roberta", "deberta", "electra", "t5", "bart")
+
+
+def _model(family: str):
+    import transformers as tf
+
+    h, i, n, heads = 256, 1024, 2, 4
+    causal = dict(hidden_size=h, num_hidden_layers=n, num_attention_heads=heads, max_position_embeddings=512)
+    encoder = dict(hidden_size=h, intermediate_size=i, num_hidden_layers=4, num_attention_heads=heads, num_labels=2)
+    seq2seq = dict(d_model=h, decoder_start_token_id=0)
+    specs = {
+        "llama": (
+            "clm",
+            tf.LlamaForCausalLM,
+            tf.LlamaConfig(vocab_size=32000, intermediate_size=688, num_key_value_heads=2, **causal),
+        ),
+        "qwen2": (
+            "clm",
+            tf.Qwen2ForCausalLM,
+            tf.Qwen2Config(
+                vocab_size=151936, intermediate_size=688, num_key_value_heads=2, tie_word_embeddings=True, **causal
+            ),
+        ),
+        "gemma": (
+            "clm",
+            tf.GemmaForCausalLM,
+            tf.GemmaConfig(
+                vocab_size=256000,
+                intermediate_size=i,
+                num_key_value_heads=1,
+                head_dim=64,
+                hidden_activation="gelu_pytorch_tanh",
+                **causal,
+            ),
+        ),
+        "phi3": (
+            "clm",
+            tf.Phi3ForCausalLM,
+            tf.Phi3Config(vocab_size=32064, intermediate_size=688, pad_token_id=0, **causal),
+        ),
+        "neox": (
+            "clm",
+            tf.GPTNeoXForCausalLM,
+            tf.GPTNeoXConfig(vocab_size=50304, intermediate_size=i, rotary_pct=0.25, **causal),
+        ),
+        "opt": ("clm", tf.OPTForCausalLM, tf.OPTConfig(vocab_size=50272, ffn_dim=i, word_embed_proj_dim=h, **causal)),
+        "bert": ("cls", tf.BertForSequenceClassification, tf.BertConfig(vocab_size=30522, **encoder)),
+        "roberta": (
+            "cls",
+            tf.RobertaForSequenceClassification,
+            tf.RobertaConfig(vocab_size=50265, max_position_embeddings=514, **encoder),
+        ),
+        "deberta": (
+            "cls",
+            tf.DebertaV2ForSequenceClassification,
+            tf.DebertaV2Config(
+                vocab_size=128100,
+                relative_attention=True,
+                position_buckets=256,
+                pos_att_type=["p2c", "c2p"],
+                max_relative_positions=-1,
+                position_biased_input=False,
+                norm_rel_ebd="layer_norm",
+                share_att_key=True,
+                **encoder,
+            ),
+        ),
+        "electra": (
+            "cls",
+            tf.ElectraForSequenceClassification,
+            tf.ElectraConfig(vocab_size=30522, embedding_size=128, **encoder),
+        ),
+        "t5": (
+            "s2s",
+            tf.T5ForConditionalGeneration,
+            tf.T5Config(vocab_size=32128, d_ff=i, d_kv=64, num_layers=n, num_heads=heads, pad_token_id=0, **seq2seq),
+        ),
+        "bart": (
+            "s2s",
+            tf.BartForConditionalGeneration,
+            tf.BartConfig(
+                vocab_size=50265,
+                encoder_ffn_dim=i,
+                decoder_ffn_dim=i,
+                encoder_layers=n,
+                decoder_layers=n,
+                encoder_attention_heads=heads,
+                decoder_attention_heads=heads,
+                max_position_embeddings=512,
+                **seq2seq,
+            ),
+        ),
+    }
+    return specs[family]
+
+
+def _train(family: str, profile_dir: str, off: list[str]) -> None:
+    """One profiled run (in its own process)."""
+    import torch
+
+    from ort_hf import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainingArguments
+
+    task, cls, config = _model(family)
+    torch.manual_seed(0)
+    model = cls(config)
+    batch, seq = (8, 256) if task == "clm" else (16, 128)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(batch * 5):
+        ids = torch.randint(3, config.vocab_size, (seq,), generator=g)
+        row = {"input_ids": ids, "attention_mask": torch.ones(seq, dtype=torch.long)}
+        if task == "clm":
+            row["labels"] = ids.clone()
+        elif task == "cls":
+            row["labels"] = int(torch.randint(0, 2, (1,), generator=g))
+        else:
+            row["labels"] = torch.randint(3, config.vocab_size, (64,), generator=g)
+        rows.append(row)
+    args_cls, trainer_cls = (
+        (ORTSeq2SeqTrainingArguments, ORTSeq2SeqTrainer) if task == "s2s" else (ORTTrainingArguments, ORTTrainer)
+    )
+    with tempfile.TemporaryDirectory() as out:
+        args = args_cls(
+            output_dir=out,
+            per_device_train_batch_size=batch,
+            max_steps=4,
+            report_to=[],
+            save_strategy="no",
+            ort_profile_dir=profile_dir,
+            ort_fallback="disable",
+            ort_preflight="never",
+            **{f"ort_{option}": False for option in off},
+        )
+        trainer_cls(model=model, args=args, train_dataset=rows).train()
+
+
+def summary(profile: Path, top: int = 25) -> str:
+    """ORT's node time by op type, largest first; ATen nodes by the kernel they call (the last part
+    of their name: ``cpu_kernel_swaps`` names each after its kernel; ``ATen`` alone for the others)."""
+    events = json.loads(profile.read_text())
+    by_op, calls = collections.Counter(), collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"].get("op_name")
+            kernel = event["name"].removesuffix("_kernel_time").rsplit("/", 1)[-1]
+            if op == "ATen" and kernel in SWAP_KERNELS:
+                op = f"ATen:{kernel}"
+            by_op[op] += event["dur"]
+            calls[op] += 1
+    total = sum(by_op.values())
+    lines = [f"total node us {total}"]
+    for op, us in by_op.most_common(top):
+        lines.append(f"{op:40s} {us / total * 100:5.1f}% {us / 1e3:9.1f}ms n={calls[op]}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("families", nargs="+", choices=FAMILIES)
+    parser.add_argument("--out_dir", required=True)
+    parser.add_argument("--tag", default="after")
+    parser.add_argument("--off", nargs="*", default=[], help="ORTOptions switches to turn off (the 'before' runs)")
+    parser.add_argument("--profile_dir", help="keep ORT's raw profiles here (default: a temporary folder)")
+    parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
+    args = parser.parse_args()
+    if args._run:
+        _train(args.families[0], args._run, args.off)
+        return
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for family in args.families:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile_dir = str(Path(args.profile_dir) / f"{family}-{args.tag}") if args.profile_dir else tmp
+            cmd = [sys.executable, __file__, family, "--out_dir", str(out), "--_run", profile_dir, "--off", *args.off]
+            subprocess.run(cmd, check=True)
+            profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)  # the training session's
+            text = summary(profile)
+        (out / f"{family}-{args.tag}.txt").write_text(text)
+        print(f"== {family} ({args.tag})\n{text}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
