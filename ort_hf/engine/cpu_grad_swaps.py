@@ -9,7 +9,8 @@ graph gives PyTorch, on a 2-core AMD EPYC with AVX2 that other jobs shared
 ``docs/results/kernel-profiles/``). On an idle machine ORT's kernels spread over both cores, so
 the step time gains at most half the ratio of CPU time. The profiles taken inside training, on
 that busy machine, confirm the LayerNorm gradient's gain (and the RMSNorm gradient's in Llama, not
-in T5) and leave the softmax and ReLU gradients' unproven there (their README).
+in T5) and leave the softmax and ReLU gradients' unproven there (their README): those two swaps are
+exact but off by default, until a step is shown faster with them.
 
 - ``LayerNormalizationGrad`` (BERT, RoBERTa, DeBERTa, ELECTRA, OPT, GPT-NeoX, BART: every LayerNorm)
   becomes ORT's ``ATen`` node calling ``aten::native_layer_norm_backward`` with the mean and

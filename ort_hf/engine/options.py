@@ -195,14 +195,16 @@ class ORTOptions:
         "vectorised RMSNorm gradient (engine/cpu_grad_swaps.py).",
     )
     cpu_softmax_grad_swap: bool = _opt(
-        True,
+        False,
         "CPU: run ORT's softmax gradient (SoftmaxGrad_13: attention probabilities) on PyTorch's "
-        "vectorised _softmax_backward_data (engine/cpu_grad_swaps.py).",
+        "vectorised _softmax_backward_data; exact, less CPU time alone, off by default until it is "
+        "shown faster in training (engine/cpu_grad_swaps.py).",
     )
     cpu_relu_grad_swap: bool = _opt(
-        True,
+        False,
         "CPU: run ORT's ReLU gradient (ReluGrad: T5's and OPT's feed-forward) on PyTorch's "
-        "vectorised threshold_backward (engine/cpu_grad_swaps.py).",
+        "vectorised threshold_backward; exact, less CPU time alone, off by default until it is "
+        "shown faster in training (engine/cpu_grad_swaps.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,

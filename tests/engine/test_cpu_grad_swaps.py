@@ -145,7 +145,8 @@ def test_tiny_model_trains_with_its_gradients_swapped(family, expected):
     spec = {**FAMILIES, **EXTRA_FAMILIES}[family]
     model = build(spec)
     reference = copy.deepcopy(model)
-    engine = wrap_model(ModuleWithLoss(model), ORTOptions(fallback="disable", log_level="ERROR"))
+    options = ORTOptions(fallback="disable", log_level="ERROR", cpu_softmax_grad_swap=True, cpu_relu_grad_swap=True)
+    engine = wrap_model(ModuleWithLoss(model), options)
     engine.train()
     batch = make_batch(spec.task, torch.Generator().manual_seed(1))
     own = reference(**batch).loss

@@ -132,12 +132,14 @@ def test_each_speed_swap_has_a_switch(swap):
     from ort_hf.trainer import ORTTrainingArguments
 
     option = SWITCHES[swap]
-    assert swap in wanted_swaps(ORTOptions(), "cpu")
+    assert swap in wanted_swaps(ORTOptions(**{option: True}), "cpu")
+    assert (swap in wanted_swaps(ORTOptions(), "cpu")) == getattr(ORTOptions(), option)  # its default
     assert swap not in wanted_swaps(ORTOptions(**{option: False}), "cpu")
     assert wanted_swaps(ORTOptions(**{option: False}), "cpu") >= CORRECTIONS
-    assert wanted_swaps(ORTOptions(), "cuda") == frozenset()
-    args = ORTTrainingArguments(output_dir="unused", report_to=[], **{f"ort_{option}": False})
-    assert getattr(args.ort_options(), option) is False
+    assert wanted_swaps(ORTOptions(**{option: True}), "cuda") == frozenset()
+    for value in (False, True):
+        args = ORTTrainingArguments(output_dir="unused", report_to=[], **{f"ort_{option}": value})
+        assert getattr(args.ort_options(), option) is value
 
 
 def test_switched_off_swaps_stay_out_of_a_real_graph_and_the_log_says_so(caplog):
