@@ -86,12 +86,13 @@ def train(
     lora: bool,
     with_reward_model=False,
     watch: WeightsAtGeneration | None = None,
+    family: str = "qwen2",
     **options,
 ):
     """One run (``watch`` records the weights generation reads); returns the trainer and its LetterReward. A full fine-tune with ``beta > 0`` needs the
     policy on disk: TRL loads the reference model from the policy's ``name_or_path``."""
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, family=family)
     model.save_pretrained(out / "policy")
     model.config._name_or_path = str(out / "policy")
     reward = LetterReward()
@@ -105,7 +106,7 @@ def train(
         train_dataset=prompts(),
         processing_class=tokenizer,
         reward_processing_classes=[None, tokenizer] if with_reward_model else None,
-        peft_config=lora_config() if lora else None,
+        peft_config=lora_config(family) if lora else None,
         callbacks=[watch] if watch else None,
     )
     if watch:
