@@ -87,6 +87,7 @@ def train(
     with_reward_model=False,
     watch: TrainerCallback | None = None,
     initializer_range: float = 0.02,
+    family: str = "qwen2",
     **options,
 ):
     """One run; returns the trainer and its LetterReward. ``watch``, a callback with ``attach(trainer)``,
@@ -94,7 +95,7 @@ def train(
     with ``beta > 0`` needs the policy on disk: TRL loads the reference model from the policy's
     ``name_or_path``."""
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, initializer_range=initializer_range)
+    model = build_model(tokenizer, family=family, initializer_range=initializer_range)
     model.save_pretrained(out / "policy")
     model.config._name_or_path = str(out / "policy")
     reward = LetterReward()
@@ -108,7 +109,7 @@ def train(
         train_dataset=prompts(),
         processing_class=tokenizer,
         reward_processing_classes=[None, tokenizer] if with_reward_model else None,
-        peft_config=lora_config() if lora else None,
+        peft_config=lora_config(family) if lora else None,
         callbacks=[watch] if watch else None,
     )
     if watch:

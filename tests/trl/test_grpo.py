@@ -33,10 +33,12 @@ KEYS = (
 )
 
 # name -> (LoRA, reward model too, GRPOConfig options). epsilon small with num_iterations 2, so the
-# second pass over a generation clips some tokens and clip_ratio compares non-zero values.
+# second pass over a generation clips some tokens and clip_ratio compares non-zero values. Gemma2 (tied
+# embeddings, final-logit soft-capping in TRL's head and in generate, sliding window): another family.
 CONFIGS = {
     "full-dapo-2-iterations": (False, False, dict(num_generations=2, beta=0.1, num_iterations=2, epsilon=0.02)),
     "lora-grpo-reward-model": (True, True, dict(num_generations=4, beta=0.1, loss_type="grpo")),
+    "lora-gemma2": (True, False, dict(num_generations=4, beta=0.1, family="gemma2")),
 }
 
 

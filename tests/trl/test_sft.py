@@ -45,19 +45,22 @@ def _data(kind: str) -> Dataset:
     return Dataset.from_dict({"text": [f"Number {i} is followed by {i + 1}." for i in range(ROWS)]})  # packed
 
 
-# name -> (data, LoRA, SFTConfig options)
+# name -> (data, LoRA, SFTConfig options, model family). Gemma2: tied embeddings, final-logit soft-capping
+# (read from TRL's head into ORT's graph), a sliding window shorter than the rows; GPT-2: Conv1D, tied.
 CONFIGS = {
-    "full-completion-only": ("prompt-completion", False, {}),
-    "lora-completion-only": ("prompt-completion", True, {}),
-    "lora-assistant-only-chat": ("conversational", True, {"assistant_only_loss": True}),
-    "full-packing-padding-free": ("text", False, {"packing": True, "max_length": 64}),
+    "full-completion-only": ("prompt-completion", False, {}, "qwen2"),
+    "lora-completion-only": ("prompt-completion", True, {}, "qwen2"),
+    "lora-assistant-only-chat": ("conversational", True, {"assistant_only_loss": True}, "qwen2"),
+    "lora-assistant-only-chat-gemma2": ("conversational", True, {"assistant_only_loss": True}, "gemma2"),
+    "full-assistant-only-chat-gpt2": ("conversational", False, {"assistant_only_loss": True}, "gpt2"),
+    "full-packing-padding-free": ("text", False, {"packing": True, "max_length": 64}, "qwen2"),
 }
 
 
 def _train(name: str, out, ort: bool):
-    kind, lora, extra = CONFIGS[name]
+    kind, lora, extra, family = CONFIGS[name]
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, family=family)
     args = common_args(out, lora, **extra)
     if ort:
         config = ORTSFTConfig(ort_fallback="disable", ort_log_level="ERROR", **args)
@@ -66,7 +69,7 @@ def _train(name: str, out, ort: bool):
             args=config,
             train_dataset=_data(kind),
             processing_class=tokenizer,
-            peft_config=lora_config() if lora else None,
+            peft_config=lora_config(family) if lora else None,
         )
     else:
         trainer = trl.SFTTrainer(
@@ -74,7 +77,7 @@ def _train(name: str, out, ort: bool):
             args=trl.SFTConfig(**args),
             train_dataset=_data(kind),
             processing_class=tokenizer,
-            peft_config=lora_config() if lora else None,
+            peft_config=lora_config(family) if lora else None,
         )
     trainer.train()
     return trainer
@@ -86,7 +89,7 @@ def test_sft_through_ort_equals_sft_trainer(name, tmp_path):
     trainer = _train(name, tmp_path / "ort", ort=True)
     assert_same_run(reference, trainer, KEYS)
     ours = weights(trainer.model)
-    initial = build_model(build_tokenizer()).state_dict()
+    initial = build_model(build_tokenizer(), family=CONFIGS[name][3]).state_dict()
     assert (
         any(
             not torch.equal(v, initial[k.replace("base_model.model.", "").replace(".base_layer", "")])

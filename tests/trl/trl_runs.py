@@ -1,25 +1,17 @@
-"""Plain TRL trainer vs its ORT counterpart from the same seed, on a tiny chat model built in code
-(a byte-level tokenizer with a ChatML template and a small Qwen2; examples/run_sft has its own,
-which also takes a real vocabulary)."""
+"""Plain TRL trainer vs its ORT counterpart from the same seed, on a tiny chat model built in code:
+examples/run_sft/tiny_chat.py's byte-level tokenizer with a ChatML template and its small Qwen2 (or
+another of its families)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-# ChatML, assistant turns inside {% generation %} markers (for TRL's assistant_only_loss).
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\n' }}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
-    "{%- else %}{{- message['content'] + '<|im_end|>' + '\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "run_sft"))
+import tiny_chat  # noqa: E402
 
 STEPS = 8
 
@@ -45,44 +37,31 @@ def common_args(out, lora: bool, **extra) -> dict:
 
 
 def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """Byte-level (every byte a token, plus ChatML's three specials: 259), with the template above."""
-    specials = [PAD, IM_START, IM_END]
-    vocab = {token: i for i, token in enumerate(specials + list(bytes_to_unicode().values()))}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(specials)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END, chat_template=CHAT_TEMPLATE
-    )
+    """Byte-level (every byte a token, plus ChatML's three specials: 259), with tiny_chat's template."""
+    return tiny_chat.build_tokenizer()
 
 
-def build_model(tokenizer, seed: int = 0, initializer_range: float = 0.02) -> transformers.Qwen2ForCausalLM:
-    """A two-layer Qwen2 (hidden size 32) for ``tokenizer``, from ``seed``, without dropout. At the default
-    ``initializer_range`` every next-token distribution is close to uniform (entropy near log 259);
-    at 1.0 the entropies spread from about 0.1 to 2.5."""
-    config = transformers.Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        initializer_range=initializer_range,
-    )
-    torch.manual_seed(seed)
-    return transformers.Qwen2ForCausalLM(config)
+def build_model(
+    tokenizer, seed: int = 0, family: str = "qwen2", initializer_range: float = 0.02
+) -> transformers.PreTrainedModel:
+    """A two-layer causal LM (hidden size 32) of ``family`` (tiny_chat.families) for ``tokenizer``,
+    from ``seed``, without dropout. At the default ``initializer_range`` every next-token
+    distribution is close to uniform (entropy near log 259); at 1.0 the entropies spread from about
+    0.1 to 2.5."""
+    return tiny_chat.build_model(tokenizer, seed=seed, family=family, initializer_range=initializer_range)
 
 
-def lora_config(**options):
+def lora_config(family: str = "qwen2", **options):
     import peft
 
     return peft.LoraConfig(
-        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM", **options
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=tiny_chat.lora_targets(family),
+        task_type="CAUSAL_LM",
+        fan_in_fan_out=family == "gpt2",  # GPT-2's Conv1D stores its weight transposed
+        **options,
     )
 
 
