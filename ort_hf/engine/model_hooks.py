@@ -103,7 +103,7 @@ def _bridge_torch_threads_in_graph() -> None:
 
         return wrapped
 
-    _patch(TrainingManager, "_create_execution_agent", stamp_agent)
+    _patch(TrainingManager, "_create_execution_agent", lambda create: stamp_agent(_one_session_build(create)))
     _patch(TrainingAgent, "run_forward", with_torch_threads)
     _patch(TrainingAgent, "run_backward", with_torch_threads)
 
@@ -117,6 +117,37 @@ def _bridge_export_cache() -> None:
     from .export_cache import cached_export
 
     _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs), static=True)
+
+
+def _one_session_build(create):
+    """``TrainingManager._create_execution_agent`` building one session where ORT 1.19.2 builds two.
+
+    Its memory observer is always on, so ORT first builds a session only to read the memory
+    optimizer's recompute plans (find_memory_optimization_opportunity, which reads the session's
+    graph through get_serialized_ortmodule_memory_stat), before the optimizer's config is added to
+    the session options, drops it, and builds the session that trains. With no recompute asked for
+    (level 0 and no plan file: the config ORT adds is empty), both sessions come from the same graph
+    and options, so the plans are read from the training session. With recompute on, the plans
+    decide the training session's config (levels 1 and 2 write it from them): ORT's own order runs.
+    Installed with the thread stamp below (one wrapper per method). Can go with ORTModule."""
+    from onnxruntime.training.ortmodule.options import _MemoryOptimizationLevel
+
+    def create_execution_agent(self):
+        observer, options = self._runtime_inspector.memory_ob, self._runtime_options
+        if not (
+            observer.is_enabled()
+            and options.memory_optimization_level == _MemoryOptimizationLevel.USER_SPECIFIED
+            and not options.memory_optimizer_config_file_path
+        ):
+            return create(self)
+        observer._is_enabled = False  # read by _create_execution_agent only to build the probe session
+        try:
+            create(self)
+        finally:
+            observer._is_enabled = True
+        observer.find_memory_optimization_opportunity(self._execution_agent, options)
+
+    return create_execution_agent
 
 
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
