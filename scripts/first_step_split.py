@@ -117,7 +117,7 @@ def _wrap_stages(times: dict[str, list[float]]) -> None:
                 setattr(wrap_module, attr, timed)
 
 
-def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: int) -> dict:
+def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: int, cache_dir: str | None) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -166,6 +166,7 @@ def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: 
             use_ort=engine == "ort",
             ort_fallback="disable",
             ort_intra_op_threads=threads,
+            ort_export_cache_dir=cache_dir,
         )
         trainer = ORTTrainer(
             model=model,
@@ -180,11 +181,23 @@ def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: 
     return {
         "workload": workload_name,
         "engine": status.backend if status is not None else "pytorch",
+        "export_cache": _cache_state(cache_dir),
         "first_step_s": list(clocked[0]),
         "steady_step_s": list(later[len(later) // 2]),
         "stages_s": times,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
+
+
+def _cache_state(cache_dir: str | None) -> str | None:
+    """What the export cache folder holds after a run: None (no cache), "graph" (a complete entry,
+    which a later run loads), "uncacheable" (ORT's graph holds PythonOps) or "empty"."""
+    if not cache_dir:
+        return None
+    found = {p.name for p in Path(cache_dir).rglob("*")}
+    if "uncacheable" in found:
+        return "uncacheable"
+    return "graph" if any(name.endswith(".complete") for name in found) else "empty"
 
 
 def main() -> int:
@@ -194,10 +207,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4, help="steps per run: the first, then steady ones")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="JSON file for the raw timings")
+    parser.add_argument(
+        "--export_cache",
+        action="store_true",
+        help="also time ORT with --ort_export_cache_dir: a first run fills a fresh temporary cache folder "
+        "(timed too, as 'cache fill'), a second process loads from it ('cache hit')",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "ENGINE"), help=argparse.SUPPRESS)
+    parser.add_argument("--cache_dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, args.steps, args.data_dir, args.threads)))
+        result = worker(*args.worker, args.steps, args.data_dir, args.threads, args.cache_dir)
+        print("RESULT " + json.dumps(result))
         return 0
 
     from ort_hf.bench.cpu import cpu_record
@@ -205,31 +226,21 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = []
     for workload in args.workloads.split(","):
-        for engine in ("eager", "ort"):  # a fresh process each, as a user's run starts
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    workload,
-                    engine,
-                    "--steps",
-                    str(args.steps),
-                    "--data_dir",
-                    args.data_dir,
-                    "--threads",
-                    str(args.threads),
-                ],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=False,
-            )
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-                return 1
-            results.append(json.loads(line[len("RESULT ") :]))
+        with tempfile.TemporaryDirectory() as cache:
+            runs = [("eager", None, None), ("ort", None, None)]  # a fresh process each, as a user's run starts
+            if args.export_cache:
+                runs += [("ort", cache, "cache fill"), ("ort", cache, "cache hit")]
+            for engine, cache_dir, variant in runs:
+                command = [sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps)]
+                command += ["--data_dir", args.data_dir, "--threads", str(args.threads)]
+                if cache_dir:
+                    command += ["--cache_dir", str(Path(cache_dir) / "export-cache")]
+                proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+                line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                    return 1
+                results.append({**json.loads(line[len("RESULT ") :]), "variant": variant})
     report = {
         "command": "python scripts/first_step_split.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
@@ -253,26 +264,32 @@ def render(report: dict) -> str:
     ]
     by_workload: dict[str, dict[str, dict]] = {}
     for r in report["results"]:
-        by_workload.setdefault(r["workload"], {})[r["engine"]] = r
+        by_workload.setdefault(r["workload"], {})[r.get("variant") or r["engine"]] = r
     for workload, runs in by_workload.items():
-        eager, ort = runs.get("pytorch"), runs.get("ort")
-        if not (eager and ort):
-            continue
-        lines.append(
-            f"{workload} ({ort['params_m']:.1f}M parameters): first step eager {_pair(eager['first_step_s'])}, "
-            f"ORT {_pair(ort['first_step_s'])} (CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x "
-            f"eager's); later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}"
-        )
-        inside = [0.0, 0.0]
-        order = ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
-        for label, pair in sorted(ort["stages_s"].items(), key=lambda item: order.index(item[0])):
-            lines.append(f"  {label:<55} {_pair(pair)}")
-            if not label.startswith("engine import"):
-                inside = [inside[0] + pair[0], inside[1] + pair[1]]
-        rest = [ort["first_step_s"][i] - inside[i] for i in (0, 1)]
-        lines.append(f"  {'rest of the first step (forward, backward, optimizer)':<55} {_pair(rest)}")
-        lines.append("")
+        eager = runs.get("pytorch")
+        for variant in ("ort", "cache fill", "cache hit"):
+            if eager and variant in runs:
+                lines += _render_ort(workload, eager, runs[variant], variant)
     return "\n".join(lines)
+
+
+def _render_ort(workload: str, eager: dict, ort: dict, variant: str) -> list[str]:
+    cache = f", export cache: {variant} ({ort['export_cache']} after the run)" if ort.get("export_cache") else ""
+    lines = [
+        f"{workload} ({ort['params_m']:.1f}M parameters{cache}): first step eager {_pair(eager['first_step_s'])}, "
+        f"ORT {_pair(ort['first_step_s'])} (CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x "
+        f"eager's); later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}"
+    ]
+    inside = [0.0, 0.0]
+    order = ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
+    for label, pair in sorted(ort["stages_s"].items(), key=lambda item: order.index(item[0])):
+        lines.append(f"  {label:<55} {_pair(pair)}")
+        if not label.startswith("engine import"):
+            inside = [inside[0] + pair[0], inside[1] + pair[1]]
+    rest = [ort["first_step_s"][i] - inside[i] for i in (0, 1)]
+    lines.append(f"  {'rest of the first step (forward, backward, optimizer)':<55} {_pair(rest)}")
+    lines.append("")
+    return lines
 
 
 def _pair(pair) -> str:

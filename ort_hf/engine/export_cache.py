@@ -19,6 +19,10 @@ it whenever that file exists. As shipped that is unsafe in five ways, each handl
    one warning naming the folder.
 5. A cache folder others can write, or a graph that is not the one exported, is never loaded
    (``trust``): the folder is replaced by a private one, the graph re-exported.
+
+On a hit ORT still runs its output-structure pass (a whole PyTorch forward) to learn the outputs'
+structure; the entry keeps that structure beside the graph (``output_schema``), and a hit whose
+kept structure checks out loads both and runs no forward.
 """
 
 from __future__ import annotations
@@ -191,6 +195,11 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
         trust.forget(graph)
         complete.unlink(missing_ok=True)
     hit = graph.exists()
+    schema_file = graph.with_suffix(".schema.json")
+    if hit:
+        restored = _restore(graph, schema_file)
+        if restored is not None:
+            return restored
     try:
         result = original(**{**kwargs, "ortmodule_cache_dir": str(entry)})
     except Exception as exc:
@@ -210,8 +219,49 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
                 (entry / _UNCACHEABLE).touch()
             else:
                 trust.record(graph)
+                _store_schema(schema_file, result[1])
                 complete.touch()
         except OSError as exc:
             graph.unlink(missing_ok=True)
             _warn_once(f"ort_hf: could not finish the export cache entry {graph} ({exc}); it will be redone.")
+    else:  # a hit whose kept schema was missing or not usable: keep the one ORT's pass just produced
+        try:
+            _store_schema(schema_file, result[1])
+        except OSError:
+            pass  # the next hit runs ORT's output-structure pass, as this one did
     return result
+
+
+def _store_schema(schema_file: Path, schema) -> None:
+    """Keep the output schema ORT's pass produced beside the graph (see ``output_schema``); a schema
+    that would not read back equal is not kept, and hits then run the pass."""
+    from . import output_schema
+
+    text = output_schema.dumps(schema)
+    if text is None:
+        trust.forget(schema_file)
+        return
+    schema_file.write_text(text)
+    trust.record(schema_file)
+
+
+def _restore(graph: Path, schema_file: Path):
+    """The cached graph and the output schema kept beside it, as ORT's ``_get_exported_model``
+    returns them, without its output-structure pass (a PyTorch forward); None when the schema is
+    missing, not the file recorded, unreadable or does not place one tensor per graph output."""
+    import onnx
+
+    from . import output_schema
+
+    if not (schema_file.exists() and trust.verified(schema_file)):
+        return None
+    try:
+        schema = output_schema.loads(schema_file.read_text())
+        model = onnx.load(str(graph))
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        logger.info("ort_hf: not using the output schema kept in %s (%s)", schema_file, exc)
+        return None
+    if output_schema.tensor_count(schema) != len(model.graph.output):
+        logger.info("ort_hf: the output schema in %s does not match its graph's outputs", schema_file)
+        return None
+    return model, schema

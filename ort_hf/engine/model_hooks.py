@@ -103,7 +103,7 @@ def _bridge_torch_threads_in_graph() -> None:
 
         return wrapped
 
-    _patch(TrainingManager, "_create_execution_agent", stamp_agent)
+    _patch(TrainingManager, "_create_execution_agent", lambda create: stamp_agent(_one_session_build(create)))
     _patch(TrainingAgent, "run_forward", with_torch_threads)
     _patch(TrainingAgent, "run_backward", with_torch_threads)
 
@@ -115,8 +115,46 @@ def _bridge_export_cache() -> None:
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
     from .export_cache import cached_export
+    from .meta_structure import checked_by_trace
 
-    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs), static=True)
+    # One wrapper per method: the output-structure pass's trace check (meta_structure) goes inside.
+    _patch(
+        GTM,
+        "_get_exported_model",
+        lambda original: lambda **kwargs: cached_export(checked_by_trace(original), **kwargs),
+        static=True,
+    )
+
+
+def _one_session_build(create):
+    """``TrainingManager._create_execution_agent`` building one session where ORT 1.19.2 builds two.
+
+    Its memory observer is always on, so ORT first builds a session only to read the memory
+    optimizer's recompute plans (find_memory_optimization_opportunity, which reads the session's
+    graph through get_serialized_ortmodule_memory_stat), before the optimizer's config is added to
+    the session options, drops it, and builds the session that trains. With no recompute asked for
+    (level 0 and no plan file: the config ORT adds is empty), both sessions come from the same graph
+    and options, so the plans are read from the training session. With recompute on, the plans
+    decide the training session's config (levels 1 and 2 write it from them): ORT's own order runs.
+    Installed with the thread stamp below (one wrapper per method). Can go with ORTModule."""
+    from onnxruntime.training.ortmodule.options import _MemoryOptimizationLevel
+
+    def create_execution_agent(self):
+        observer, options = self._runtime_inspector.memory_ob, self._runtime_options
+        if not (
+            observer.is_enabled()
+            and options.memory_optimization_level == _MemoryOptimizationLevel.USER_SPECIFIED
+            and not options.memory_optimizer_config_file_path
+        ):
+            return create(self)
+        observer._is_enabled = False  # read by _create_execution_agent only to build the probe session
+        try:
+            create(self)
+        finally:
+            observer._is_enabled = True
+        observer.find_memory_optimization_opportunity(self._execution_agent, options)
+
+    return create_execution_agent
 
 
 # Rows of the first batch that ORT's output-structure pass runs on (see below).
@@ -141,8 +179,18 @@ def _bridge_output_schema_pass() -> None:
     # Can go with ORTModule.
     from onnxruntime.training.ortmodule import _io
 
+    from . import meta_structure
+
     def wrap(original):
         def parse_outputs(module, flatten_args, logger, clone_module):
+            if meta_structure.allowed():  # shapes only, confirmed by the trace (meta_structure.py)
+                try:
+                    with _without_density_hooks(module):
+                        found = meta_structure.meta_pass(original, module, flatten_args, logger)
+                    meta_structure.mark_used()
+                    return found
+                except Exception as exc:  # noqa: BLE001 - the pass in PyTorch below decides
+                    logger.info("ort_hf: the output-structure pass cannot run on meta tensors (%s).", exc)
             sample = first_rows(flatten_args, SCHEMA_PASS_ROWS)
             if sample is not None:
                 try:

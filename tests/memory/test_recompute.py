@@ -102,3 +102,59 @@ def test_the_plan_file_lives_as_long_as_the_session(minilm_dir, minilm_batches):
     del manager
     wrapped.release()
     assert not os.path.exists(path)
+
+
+def _tiny_bert_step(monkeypatch, original_create: bool):
+    """One ORT training step of a tiny BERT at recompute level 0: its loss, its gradients, the plans
+    ORT found, and how many sessions were built (ORT's own _create_execution_agent if asked)."""
+    from ort_hf.engine.runtime import ensure_engine
+
+    ensure_engine()  # ORT imported with ort_hf's bridges (its modules do not import on torch 2.13 alone)
+    from onnxruntime.training.ortmodule import _training_manager
+    from transformers import BertConfig
+
+    built = []
+
+    class CountedAgent(_training_manager.TrainingAgent):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_training_manager, "TrainingAgent", CountedAgent)
+    if original_create:  # ORT's method, unwrapped (functools.wraps keeps it as __wrapped__)
+        manager = _training_manager.TrainingManager
+        monkeypatch.setattr(manager, "_create_execution_agent", manager._create_execution_agent.__wrapped__)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = BertForSequenceClassification(config).train()
+    wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR"))
+    ids = torch.randint(3, 100, (4, 12), generator=torch.Generator().manual_seed(1))
+    loss = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 0] % 2).loss
+    loss.backward()
+    assert wrapped.engine_status().backend == "ort"
+    grads = [p.grad.clone() for p in model.parameters()]
+    return loss.item(), grads, wrapped.memory_plans(), len(built)
+
+
+def test_without_recompute_one_session_is_built_and_the_plans_are_ort_s(monkeypatch):
+    """ORT builds a session only to read the recompute plans, then the training session; with no
+    recompute asked for, ort_hf reads them from the training session: the same plans, one build."""
+    loss, grads, plans, built = _tiny_bert_step(monkeypatch, original_create=False)
+    with monkeypatch.context() as ort_own:
+        ort_loss, ort_grads, ort_plans, ort_built = _tiny_bert_step(ort_own, original_create=True)
+    assert (built, ort_built) == (1, 2)
+    assert plans and not any(p.enabled for p in plans + ort_plans)
+    assert sorted((p.plan, p.frequency) for p in plans) == sorted((p.plan, p.frequency) for p in ort_plans)
+    # ORT's byte estimate for a plan found at several places (LayerNormalization+, x5) reads one of
+    # them, not always the same: ORT's own two-session order gave 608, 6,560 and 12,512 run to run.
+    once = {p.plan: p.bytes_saved for p in plans if p.frequency == 1}
+    assert once == {p.plan: p.bytes_saved for p in ort_plans if p.frequency == 1}
+    assert loss == ort_loss and all(torch.equal(a, b) for a, b in zip(grads, ort_grads))

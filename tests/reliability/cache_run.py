@@ -48,12 +48,27 @@ def _model(kind: str) -> torch.nn.Module:
     return BertForSequenceClassification(config)
 
 
+def _count_structure_passes(counter: list) -> None:
+    """Count ORT's output-structure passes (the PyTorch forward run to learn the outputs' structure)."""
+    from onnxruntime.training.ortmodule import _io
+
+    original = _io.parse_outputs_for_onnx_export_and_extract_schema
+
+    def counted(*args, **kwargs):
+        counter.append(1)
+        return original(*args, **kwargs)
+
+    _io.parse_outputs_for_onnx_export_and_extract_schema = counted
+
+
 def main(cache_dir: str, kind: str) -> None:
     model = _model(kind)
     wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", export_cache_dir=cache_dir))
+    passes: list = []
+    _count_structure_passes(passes)  # after wrap_model: ORT is imported, ort_hf's bridges in place
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)
-    losses = []
+    losses, grads = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -61,6 +76,7 @@ def main(cache_dir: str, kind: str) -> None:
             out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 0] % 2)
             loss = out if isinstance(out, torch.Tensor) else out.loss
             loss.backward()
+            grads.append([p.grad.flatten().tolist() for p in model.parameters() if p.grad is not None])
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
@@ -69,8 +85,11 @@ def main(cache_dir: str, kind: str) -> None:
         json.dumps(
             {
                 "losses": losses,
+                "grads": grads,
+                "out_type": type(out).__name__,
                 "backend": status.backend,
                 "export_count": status.export_count,
+                "structure_passes": len(passes),
                 "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)],
             }
         )

@@ -124,3 +124,26 @@ def test_the_key_holds_the_parameter_dtypes_and_the_autocast_in_force():
     model.float()
     model[1].num_batches_tracked.data = model[1].num_batches_tracked.data.int()  # a buffer's dtype alone
     assert key() != fp32
+
+
+def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_path):
+    """A hit runs no PyTorch forward (the output structure is kept beside the graph), and trains as
+    the run that exported: the same losses and gradients, the same output class. A kept structure
+    that is not the file recorded is not used: ORT's pass runs, and its structure is kept again."""
+    first = _run(tmp_path)
+    (graph,) = _graphs(tmp_path)
+    schema = graph.with_suffix(".schema.json")
+    assert schema.exists()
+    hit = _run(tmp_path)
+    assert first["export_count"] == 1 and first["structure_passes"] == 1
+    assert hit["export_count"] == 0 and hit["structure_passes"] == 0
+    assert hit["out_type"] == first["out_type"] == "SequenceClassifierOutput"
+    assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
+
+    kept = schema.read_text()
+    schema.write_text(kept.replace("logits", "scores"))  # no longer the file recorded
+    tampered = _run(tmp_path)
+    assert tampered["export_count"] == 0 and tampered["structure_passes"] == 1  # the graph loaded, the pass ran
+    assert tampered["out_type"] == "SequenceClassifierOutput"
+    assert tampered["losses"] == first["losses"] and tampered["grads"] == first["grads"]
+    assert schema.read_text() == kept
