@@ -115,15 +115,8 @@ def _bridge_export_cache() -> None:
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
     from .export_cache import cached_export
-    from .meta_structure import checked_by_trace
 
-    # One wrapper per method: the output-structure pass's trace check (meta_structure) goes inside.
-    _patch(
-        GTM,
-        "_get_exported_model",
-        lambda original: lambda **kwargs: cached_export(checked_by_trace(original), **kwargs),
-        static=True,
-    )
+    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs), static=True)
 
 
 def _one_session_build(create):
@@ -179,18 +172,8 @@ def _bridge_output_schema_pass() -> None:
     # Can go with ORTModule.
     from onnxruntime.training.ortmodule import _io
 
-    from . import meta_structure
-
     def wrap(original):
         def parse_outputs(module, flatten_args, logger, clone_module):
-            if meta_structure.allowed():  # shapes only, confirmed by the trace (meta_structure.py)
-                try:
-                    with _without_density_hooks(module):
-                        found = meta_structure.meta_pass(original, module, flatten_args, logger)
-                    meta_structure.mark_used()
-                    return found
-                except Exception as exc:  # noqa: BLE001 - the pass in PyTorch below decides
-                    logger.info("ort_hf: the output-structure pass cannot run on meta tensors (%s).", exc)
             sample = first_rows(flatten_args, SCHEMA_PASS_ROWS)
             if sample is not None:
                 try:
