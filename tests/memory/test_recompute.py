@@ -157,4 +157,6 @@ def test_without_recompute_one_session_is_built_and_the_plans_are_ort_s(monkeypa
     # them, not always the same: ORT's own two-session order gave 608, 6,560 and 12,512 run to run.
     once = {p.plan: p.bytes_saved for p in plans if p.frequency == 1}
     assert once == {p.plan: p.bytes_saved for p in ort_plans if p.frequency == 1}
-    assert loss == ort_loss and all(torch.equal(a, b) for a, b in zip(grads, ort_grads))
+    assert loss == ort_loss
+    for a, b in zip(grads, ort_grads):  # two sessions, not one graph's bits: a sum's order can differ
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
