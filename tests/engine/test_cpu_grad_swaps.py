@@ -1,7 +1,7 @@
 """engine/cpu_grad_swaps.py: ORT's LayerNorm, RMSNorm, softmax and ReLU gradients, swapped for
 PyTorch's kernel or ort_hf's, give ORT's kernels' values (and float64's within float32 rounding);
-what they cannot take stays with ORT; tiny Llama, BERT and T5 train through ORT with them swapped,
-the same loss and gradients as in PyTorch."""
+what they cannot take stays with ORT; tiny Llama, BERT, T5 and GPT-2 (with its tanh GELU's gradient)
+train through ORT with them swapped, the same loss and gradients as in PyTorch."""
 
 import copy
 
@@ -20,6 +20,7 @@ KERNELS = {  # ORT's kernel -> the operator of the ATen node in its place
     "SimplifiedLayerNormalizationGrad": b"ort_hf::rms_norm_backward",
     "SoftmaxGrad_13": b"ort_hf::softmax_backward",
     "ReluGrad": b"ort_hf::relu_backward",
+    "FastGeluGrad": b"ort_hf::gelu_tanh_backward",  # cpu_kernel_swaps.py: GPT-2's gelu_new
 }
 
 
@@ -139,6 +140,7 @@ def test_relu_gradient_swapped_gives_orts_values(aten_nodes_run):
         ("llama-clm", {"SimplifiedLayerNormalizationGrad", "SoftmaxGrad_13"}),
         ("bert-cls", {"LayerNormalizationGrad", "SoftmaxGrad_13"}),
         ("t5-s2s", {"SimplifiedLayerNormalizationGrad", "SoftmaxGrad_13", "ReluGrad"}),
+        ("gpt2-clm", {"LayerNormalizationGrad", "SoftmaxGrad_13", "FastGeluGrad"}),
     ],
 )
 def test_tiny_model_trains_with_its_gradients_swapped(family, expected):
