@@ -85,11 +85,13 @@ def test_scores_of_another_precision_stay_with_ort():
     assert swap_kernels(model.graph) == {}
 
 
-def _bias_gelu_grad_model(dtype=TensorProto.FLOAT):
+def _gelu_grad_model(op_type: str, dtype=TensorProto.FLOAT):
+    """One of ORT's GELU gradient nodes: (dY, X), and B for the ``Bias*`` forms."""
     rows, hidden = 33, 48
     inputs = [helper.make_tensor_value_info(name, dtype, [rows, hidden]) for name in ("dy", "x")]
-    inputs.append(helper.make_tensor_value_info("bias", dtype, [hidden]))
-    node = helper.make_node("BiasGeluGrad_dX", ["dy", "x", "bias"], ["dx"], domain="com.microsoft")
+    if op_type.startswith("Bias"):
+        inputs.append(helper.make_tensor_value_info("bias", dtype, [hidden]))
+    node = helper.make_node(op_type, [i.name for i in inputs], ["dx"], domain="com.microsoft")
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dx", dtype, [rows, hidden])])
     return helper.make_model(
         graph,
@@ -109,7 +111,7 @@ def test_bias_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_no
         "x": (rng.standard_normal((33, 48)) * 3).astype(np.float32),
         "bias": rng.standard_normal(48).astype(np.float32),
     }
-    model = _bias_gelu_grad_model()
+    model = _gelu_grad_model("BiasGeluGrad_dX")
     expected = _run(model, feeds)
     assert swap_kernels(model.graph) == {"BiasGeluGrad_dX": 1}
     assert [(n.op_type, n.domain) for n in model.graph.node] == [("Add", ""), ("ATen", "org.pytorch.aten")]
@@ -117,26 +119,8 @@ def test_bias_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_no
 
 
 def test_a_bias_gelu_gradient_of_another_precision_stays_with_ort():
-    model = _bias_gelu_grad_model(TensorProto.DOUBLE)
+    model = _gelu_grad_model("BiasGeluGrad_dX", TensorProto.DOUBLE)
     assert swap_kernels(model.graph) == {}
-
-
-def _fast_gelu_grad_model(op_type: str, dtype=TensorProto.FLOAT):
-    rows, hidden = 33, 48
-    inputs = [helper.make_tensor_value_info(name, dtype, [rows, hidden]) for name in ("dy", "x")]
-    if op_type == "BiasFastGeluGrad_dX":
-        inputs.append(helper.make_tensor_value_info("bias", dtype, [hidden]))
-    node = helper.make_node(op_type, [i.name for i in inputs], ["dx"], domain="com.microsoft")
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dx", dtype, [rows, hidden])])
-    return helper.make_model(
-        graph,
-        opset_imports=[
-            helper.make_opsetid("", 16),
-            helper.make_opsetid("com.microsoft", 1),
-            helper.make_opsetid("org.pytorch.aten", 1),
-        ],
-        ir_version=8,
-    )
 
 
 @pytest.mark.parametrize("op_type", ["FastGeluGrad", "BiasFastGeluGrad_dX"])
@@ -148,7 +132,7 @@ def test_tanh_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_no
     }
     if op_type == "BiasFastGeluGrad_dX":
         feeds["bias"] = rng.standard_normal(48).astype(np.float32)
-    model = _fast_gelu_grad_model(op_type)
+    model = _gelu_grad_model(op_type)
     expected = _run(model, feeds)
     assert swap_kernels(model.graph) == {op_type: 1}
     kinds = [(n.op_type, n.domain) for n in model.graph.node]
@@ -166,7 +150,7 @@ def test_tanh_gelu_gradient_runs_on_pytorchs_kernel_with_the_same_values(aten_no
 
 
 def test_a_tanh_gelu_gradient_of_another_precision_stays_with_ort(aten_nodes_run):
-    model = _fast_gelu_grad_model("FastGeluGrad", TensorProto.DOUBLE)
+    model = _gelu_grad_model("FastGeluGrad", TensorProto.DOUBLE)
     assert swap_kernels(model.graph) == {}
 
 
