@@ -124,7 +124,7 @@ def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _ort_file_name(flattened_module) -> str:
+def ort_file_name(flattened_module) -> str:
     from onnxruntime.training.ortmodule._utils import get_rank
 
     return f"{hashlib.md5(str(flattened_module).encode()).hexdigest()}_{get_rank()}.onnx"
@@ -182,7 +182,7 @@ def cached_export(original, **kwargs):
 def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
     if (entry / _UNCACHEABLE).exists():
         return original(**uncached)
-    graph = entry / _ort_file_name(kwargs["flattened_module"])
+    graph = entry / ort_file_name(kwargs["flattened_module"])
     complete = graph.with_suffix(".complete")
     if graph.exists() and not complete.exists():
         logger.warning("ort_hf: removing %s, an export cache entry whose write never finished.", graph)

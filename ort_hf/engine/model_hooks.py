@@ -9,14 +9,13 @@ right after ORTModule imports.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import threading
 
-from .._batches import first_rows
 from .compat import _patch
 from .export_record import ACTIVE_EXPORT_RECORD
+from .trace_schema import SKIP_STRUCTURE_PASS
 
 _lock = threading.Lock()
 _done = False
@@ -114,9 +113,16 @@ def _bridge_export_cache() -> None:
     # functions: export_cache.cached_export keys, locks and validates it. Can go with ORTModule.
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
+    from . import trace_schema
     from .export_cache import cached_export
 
-    _patch(GTM, "_get_exported_model", lambda original: lambda **kwargs: cached_export(original, **kwargs), static=True)
+    def wrap(original):
+        def exported(**kwargs):
+            return trace_schema.export_with_schema_from_trace(original, **kwargs)
+
+        return lambda **kwargs: cached_export(exported, **kwargs)
+
+    _patch(GTM, "_get_exported_model", wrap, static=True)
 
 
 def _one_session_build(create):
@@ -150,20 +156,11 @@ def _one_session_build(create):
     return create_execution_agent
 
 
-# Rows of the first batch that ORT's output-structure pass runs on (see below).
-SCHEMA_PASS_ROWS = 2
-# ORT's sparsity-check forward pre-hooks (GraphTransitionManager._add_check_*_sparsity_hook).
-_ORT_DENSITY_HOOKS = ("_label_hook", "_embedding_hook")
-
-
 def _bridge_output_schema_pass() -> None:
-    # Before tracing, ORT 1.19.2 runs the whole model once in PyTorch, on the whole first batch,
-    # only to learn the structure of its outputs (count, dtypes, ranks; every dimension is
-    # exported dynamic), a full forward of the first step. The pass runs on the first
-    # SCHEMA_PASS_ROWS rows when every tensor input shares that leading dimension, with ORT's
-    # sparsity-check hooks held back: their on/off decision and the densities ORT's banner prints
-    # come from the trace, which sees the whole batch. If the short pass fails, ORT's own full
-    # pass runs.
+    # ORT 1.19.2 runs the whole model once in PyTorch before tracing, only to learn the structure
+    # of its outputs. That pass is skipped (the trace gives the structure: trace_schema); it still
+    # runs where ORT loads its own cached graph, or where the trace's outputs cannot be named as
+    # the exporter names them.
     # With deepcopy_before_model_export (ORT's default), ORT runs that pass on a deep copy of the
     # whole module (_io.py:556) so that its writes (buffers, Python attributes) stay off the model:
     # the export's peak holds the weights twice. It runs on a copy sharing the parameters instead
@@ -174,17 +171,8 @@ def _bridge_output_schema_pass() -> None:
 
     def wrap(original):
         def parse_outputs(module, flatten_args, logger, clone_module):
-            sample = first_rows(flatten_args, SCHEMA_PASS_ROWS)
-            if sample is not None:
-                try:
-                    with _without_density_hooks(module):
-                        return _structure_pass(original, module, sample, logger, clone_module)
-                except Exception as exc:  # noqa: BLE001 - ORT's own pass below decides
-                    logger.info(
-                        "ort_hf: the output-structure pass on %d rows failed (%s); running it on the whole batch.",
-                        SCHEMA_PASS_ROWS,
-                        exc,
-                    )
+            if SKIP_STRUCTURE_PASS.get():
+                return [], {}, None
             return _structure_pass(original, module, flatten_args, logger, clone_module)
 
         return parse_outputs
@@ -208,27 +196,6 @@ def _structure_pass(original, module, inputs, logger, clone_module: bool):
     except Exception:  # noqa: BLE001 - not copyable: ORT's own attempt, and its fallback, decide
         return original(module, inputs, logger, True)
     return original(shared, inputs, logger, False)
-
-
-@contextlib.contextmanager
-def _without_density_hooks(module):
-    def is_density_hook(hook) -> bool:  # ORT registers them as functools.partial(_label_hook, name)
-        return getattr(getattr(hook, "func", None), "__name__", "") in _ORT_DENSITY_HOOKS
-
-    saved = []
-    for sub in module.modules():
-        hooks = sub._forward_pre_hooks
-        found = [key for key, hook in hooks.items() if is_density_hook(hook)]
-        if found:
-            saved.append((hooks, hooks.copy()))
-            for key in found:
-                del hooks[key]
-    try:
-        yield
-    finally:
-        for hooks, before in saved:
-            hooks.clear()
-            hooks.update(before)
 
 
 def apply_model_hooks() -> None:

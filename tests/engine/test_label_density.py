@@ -1,11 +1,11 @@
-"""ORT's output-structure pass runs on two rows; the trace, and ORT's decisions, see the whole batch."""
+"""ORT's label-sparsity decision and the densities its banner prints come from the whole first
+batch (the trace); ``first_rows`` cuts a batch only along a dimension every tensor shares."""
 
 import torch
-from parity import UNCHECKED, assert_parity, run_parity
 from tiny_models import FAMILIES, SEQ, VOCAB, build
 
 from ort_hf._batches import first_rows
-from ort_hf.engine import ORTOptions, model_hooks, wrap_model
+from ort_hf.engine import ORTOptions, wrap_model
 from ort_hf.module_with_loss import ModuleWithLoss
 
 ROWS = 6
@@ -20,37 +20,6 @@ def _mlm_batch(gen, dense_from_row=0, rows=ROWS):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
-class _RowRecorder(torch.nn.Module):
-    """Records (tracing?, rows) of every forward; the list is shared with ORT's deep copy."""
-
-    def __init__(self, model, seen):
-        super().__init__()
-        self.model = model
-        self.seen = seen
-
-    def __deepcopy__(self, memo):
-        import copy
-
-        return _RowRecorder(copy.deepcopy(self.model, memo), self.seen)
-
-    def forward(self, **batch):
-        self.seen.append((torch.jit.is_tracing(), batch["input_ids"].shape[0]))
-        return self.model(**batch)
-
-
-def test_structure_pass_on_two_rows_trace_on_whole_batch_results_unchanged():
-    gen = torch.Generator().manual_seed(0)
-    batches = [_mlm_batch(gen) for _ in range(3)]
-    for b in batches:
-        b["labels"][:, ::2] = -100
-    seen = []
-    result = run_parity(_RowRecorder(build(FAMILIES["bert-mlm"]), seen), batches, UNCHECKED)
-    assert_parity(*result)
-    # The PyTorch reference's 3 steps, then ORT's export: the structure pass and the trace. ORT's
-    # own steps run its graph, not this forward.
-    assert sorted(seen) == sorted([(False, ROWS)] * 3 + [(False, model_hooks.SCHEMA_PASS_ROWS), (True, ROWS)]), seen
-
-
 def test_first_rows_only_cuts_a_shared_batch_dimension():
     a, b, scalar = torch.zeros(5, 3), torch.zeros(5), torch.tensor(2.0)
     cut = first_rows([a, None, b, scalar, True], 2)
@@ -60,7 +29,7 @@ def test_first_rows_only_cuts_a_shared_batch_dimension():
 
 
 def test_label_sparsity_decided_on_the_whole_batch():
-    # Rows 0-1 (what the structure pass sees) fully labelled, rows 2-5 one label each: ORT's hook
+    # Rows 0-1 fully labelled, rows 2-5 one label each: ORT's hook
     # turns label sparsity on below 90% labelled, which the batch is (37.5%) and the two rows
     # alone (100%) are not. The trace decides, on the whole batch.
     gen = torch.Generator().manual_seed(1)
@@ -75,9 +44,9 @@ def test_label_sparsity_decided_on_the_whole_batch():
     assert list(densities.values()) == [100 * (2 * SEQ + 4) / (ROWS * SEQ)]
 
 
-def test_banner_density_not_left_by_the_two_row_pass():
+def test_banner_density_is_the_whole_batch():
     # Rows 0-1 one label each, the other 22 fully labelled: the batch is above ORT's 90% threshold,
-    # so label sparsity stays off, and no density seen by the two-row pass (6%, "on") may be left
+    # so label sparsity stays off, and no density of the first rows alone (6%, "on") may be left
     # in what ORT's banner prints.
     gen = torch.Generator().manual_seed(2)
     rows = 24
