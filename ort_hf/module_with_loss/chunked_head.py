@@ -15,7 +15,7 @@ from torch import nn
 
 from .._batches import first_rows_of
 from .._model_state import side_effect_free
-from .loss_choice import PROBE_ROWS
+from .loss_choice import PROBE_MIN_ROWS
 from .module_with_loss import CROSS_ENTROPY, ModuleWithLoss, _output, base_model
 
 
@@ -34,7 +34,9 @@ def chunked_head_refusal(module: ModuleWithLoss, batch: dict, pythonop: bool) ->
         return f"{type(model).__name__} has no plain nn.Linear head over a backbone"
     if head.weight.dtype != torch.float32 or torch.is_autocast_enabled(head.weight.device.type):
         return "the head is not computed in float32"
-    rows = {k: v for k, v in first_rows_of(batch, PROBE_ROWS).items() if k not in ("labels", "num_items_in_batch")}
+    # Any row shows a step between the head's projection and the logits.
+    rows = first_rows_of(batch, PROBE_MIN_ROWS)
+    rows = {k: v for k, v in rows.items() if k not in ("labels", "num_items_in_batch")}
     with side_effect_free(model):  # each block starts from the same RNG state: the same dropout masks
         logits = _output(model(**rows), "logits")
     with side_effect_free(model):

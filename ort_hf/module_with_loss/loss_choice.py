@@ -18,7 +18,8 @@ from .._batches import first_rows_of
 from .._model_state import side_effect_free
 from .module_with_loss import CROSS_ENTROPY, IGNORE_INDEX, MODEL_LOSS, USER_LOSS, ModuleWithLoss, base_model, model_loss
 
-PROBE_ROWS = 4  # rows of the first batch the check runs on (any row with a label shows a loss change)
+PROBE_ROWS = 4  # the most rows of the first batch the check runs on (see _rows_with_labels)
+PROBE_MIN_ROWS = 2  # the fewest: a BatchNorm's training statistics need two rows
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None) ->
 
 def _check_returns_loss(module: ModuleWithLoss, batch: dict) -> None:
     """Raise the Trainer's error for a model that returns no loss, before ORT exports it."""
-    rows = first_rows_of(batch, PROBE_ROWS)
+    rows = first_rows_of(batch, PROBE_MIN_ROWS)
     with side_effect_free(module.model):
         model_loss(module.model(**rows), rows)
 
@@ -104,8 +105,14 @@ def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_ba
 
 
 def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
-    """The first ``PROBE_ROWS`` rows of the batch if one of them has a used label, else the batch."""
-    cut = first_rows_of(batch, PROBE_ROWS)
-    if (module.token_labels(cut["labels"]) != IGNORE_INDEX).any():
-        return cut
+    """The fewest first rows of the batch (from ``PROBE_MIN_ROWS`` to ``PROBE_ROWS``) whose used
+    labels hold two classes, so that a loss weighting classes differently shows; the first
+    ``PROBE_ROWS`` rows when fewer hold fewer classes, and the whole batch when those have no used
+    label."""
+    for rows in range(PROBE_MIN_ROWS, PROBE_ROWS + 1):
+        cut = first_rows_of(batch, rows)
+        labels = module.token_labels(cut["labels"])
+        used = labels[labels != IGNORE_INDEX]
+        if used.unique().numel() >= 2 or rows == PROBE_ROWS and used.numel():
+            return cut
     return dict(batch)
