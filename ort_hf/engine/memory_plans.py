@@ -23,8 +23,13 @@ def plan_key(plan: str) -> list[str]:
 def read_memory_plans(manager) -> list[MemoryPlan]:
     """The plans ORT's memory optimizer found in ``manager``'s training graph (ORTModule's training
     execution manager, after the first training step), and whether each is enabled: by the level,
-    or by the plan file ORT was given (``ORTOptions.memory_opt_plans``)."""
-    found = manager._runtime_inspector.memory_ob.cluster_id_combination_to_saving_symbolics_map
+    or by the plan file ORT was given (``ORTOptions.memory_opt_plans``). Plans whose reading was
+    put off at session creation (``model_hooks._one_session_build``) are read now."""
+    observer = manager._runtime_inspector.memory_ob
+    if getattr(manager, "_ort_hf_plans_pending", False):
+        observer.find_memory_optimization_opportunity(manager._execution_agent, manager._runtime_options)
+        manager._ort_hf_plans_pending = False
+    found = observer.cluster_id_combination_to_saving_symbolics_map
     enabled: set[str] = set()
     config = manager._runtime_options.memory_optimizer_config_file_path
     if config:

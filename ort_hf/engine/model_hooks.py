@@ -135,8 +135,11 @@ def _one_session_build(create):
     (level 0 and no plan file: the config ORT adds is empty), both sessions come from the same graph
     and options, so the plans are read from the training session. With recompute on, the plans
     decide the training session's config (levels 1 and 2 write it from them): ORT's own order runs.
+    With no recompute, reading the plans (sympy over every recomputable subgraph: 0.7 s of a 55M
+    model's first step) waits until something asks for them (memory_plans.read_memory_plans), unless
+    ORT's log level prints them in its banner.
     Installed with the thread stamp below (one wrapper per method). Can go with ORTModule."""
-    from onnxruntime.training.ortmodule.options import _MemoryOptimizationLevel
+    from onnxruntime.training.ortmodule.options import LogLevel, _MemoryOptimizationLevel
 
     def create_execution_agent(self):
         observer, options = self._runtime_inspector.memory_ob, self._runtime_options
@@ -151,7 +154,10 @@ def _one_session_build(create):
             create(self)
         finally:
             observer._is_enabled = True
-        observer.find_memory_optimization_opportunity(self._execution_agent, options)
+        if self._debug_options.logging.log_level < LogLevel.WARNING:
+            observer.find_memory_optimization_opportunity(self._execution_agent, options)
+        else:
+            self._ort_hf_plans_pending = True
 
     return create_execution_agent
 

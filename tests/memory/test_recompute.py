@@ -111,9 +111,14 @@ def _tiny_bert_step(monkeypatch, original_create: bool):
 
     ensure_engine()  # ORT imported with ort_hf's bridges (its modules do not import on torch 2.13 alone)
     from onnxruntime.training.ortmodule import _training_manager
+    from onnxruntime.training.ortmodule._runtime_inspector import MemoryObserver
     from transformers import BertConfig
 
-    built = []
+    built, plan_reads = [], []
+    find = MemoryObserver.find_memory_optimization_opportunity
+    monkeypatch.setattr(
+        MemoryObserver, "find_memory_optimization_opportunity", lambda *a, **k: plan_reads.append(1) or find(*a, **k)
+    )
 
     class CountedAgent(_training_manager.TrainingAgent):
         def __init__(self, *args, **kwargs):
@@ -140,13 +145,16 @@ def _tiny_bert_step(monkeypatch, original_create: bool):
     loss = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 0] % 2).loss
     loss.backward()
     assert wrapped.engine_status().backend == "ort"
+    # ORT reads the plans when it builds its sessions; ort_hf when they are asked for (below).
+    assert len(plan_reads) == (1 if original_create else 0)
     grads = [p.grad.clone() for p in model.parameters()]
     return loss.item(), grads, wrapped.memory_plans(), len(built)
 
 
 def test_without_recompute_one_session_is_built_and_the_plans_are_ort_s(monkeypatch):
     """ORT builds a session only to read the recompute plans, then the training session; with no
-    recompute asked for, ort_hf reads them from the training session: the same plans, one build."""
+    recompute asked for, ort_hf reads them from the training session, when asked for: the same
+    plans, one build."""
     loss, grads, plans, built = _tiny_bert_step(monkeypatch, original_create=False)
     with monkeypatch.context() as ort_own:
         ort_loss, ort_grads, ort_plans, ort_built = _tiny_bert_step(ort_own, original_create=True)
