@@ -151,8 +151,10 @@ def record_memory_plans(engine, args) -> dict[str, float]:
     """The recompute plans ORT found, when recompute is on: logged once, saved as JSON next to the
     checkpoints, counted in the returned metrics. With recompute off nothing is written, as with
     ``Trainer``."""
+    if not engine.options.memory_optimizer_on:
+        return {}
     plans = engine.memory_plans()
-    if not plans or not engine.options.memory_optimizer_on:
+    if not plans:
         return {}
     on = [p for p in plans if p.enabled]
     if args.should_save:
