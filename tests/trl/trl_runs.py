@@ -1,17 +1,13 @@
 """Plain TRL trainer vs its ORT counterpart from the same seed, on a tiny chat model built in code:
-examples/run_sft/tiny_chat.py's byte-level tokenizer with a ChatML template and its small Qwen2 (or
+ort_hf/trl/tiny_chat.py's byte-level tokenizer with a ChatML template and its small Qwen2 (or
 another of its families)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "run_sft"))
-import tiny_chat  # noqa: E402
+from ort_hf.trl import tiny_chat
 
 STEPS = 8
 

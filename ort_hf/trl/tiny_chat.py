@@ -2,9 +2,10 @@
 ``{% generation %}`` markers, for TRL's ``assistant_only_loss``) and a small causal LM sized to it (Qwen2
 by default; :func:`families` lists the others).
 
-No hub download. The tokenizer is byte-level (every byte a token, 256 of them) or takes the
-vocabulary of a local ``tokenizer.json`` (the packaged MiniLM's: 30,522 WordPiece tokens, a
-realistic LM-head width), plus three ChatML special tokens.
+For the SFT and GRPO examples, the tests and scripts/trl_family_matrix.py; no hub download. The
+tokenizer is byte-level (every byte a token, 256 of them) or takes the vocabulary of a local
+``tokenizer.json`` (the packaged MiniLM's: 30,522 WordPiece tokens, a realistic LM-head width), plus
+three ChatML special tokens.
 """
 
 from __future__ import annotations
