@@ -4,10 +4,11 @@ For each workload (the bench's: ``sst2-dynamic`` on the packaged MiniLM, ``clm``
 Llama, ``lora-55m``...), one fresh process per engine trains ``--steps`` steps through ORTTrainer
 (``use_ort`` true / false). In the ORT process the engine's stages are timed by wrapping ORT's and
 ort_hf's own entry points (outermost, after ort_hf's patches): the engine import (onnxruntime, the
-C++ extensions), the pre-flight check, the export (its output-structure pass, a PyTorch forward, and
-torch.onnx.export's trace and ONNX passes), the post-export processing
-(ONNX shape inference, ort_hf's graph rewrites), the graph builder's initialisation, the gradient
-graph build and the session creation; what is left of the first step is its forward and backward.
+C++ extensions), the first-batch loss checks that place the loss, the pre-flight check, the export
+(ORT's output-structure pass, a PyTorch forward, where it still runs, and torch.onnx.export's trace
+and ONNX passes), the post-export processing (ONNX shape inference, ort_hf's graph rewrites), the
+graph builder's initialisation, the gradient graph build and the session creation; what is left of
+the first step is its forward and backward.
 
     python scripts/first_step_split.py --data_dir ../shared/data --workloads sst2-dynamic,clm \\
         --out docs/results/first-step/<cpu key>.json
@@ -29,6 +30,12 @@ from pathlib import Path
 
 # (label, owner, attribute, static): the stages, in the order the first step reaches them.
 STAGES = (
+    (
+        "loss placement: first-batch loss checks (PyTorch, 2 to 4 rows)",
+        "ort_hf.trainer.first_step",
+        "place_loss",
+        False,
+    ),
     ("pre-flight check (first batch in PyTorch)", "ort_hf.engine.preflight", "run_preflight", False),
     (
         "export: ORT's _export_model, less the two parts below",
@@ -109,12 +116,14 @@ def _wrap_stages(times: dict[str, list[float]]) -> None:
 
         if cls_name:
             setattr(owner, attr, staticmethod(timed) if static else timed)
-        else:  # a module function: patch it where the engine calls it from too
+        else:  # a module function: patch it where the engine and the trainer call it from too
             setattr(owner, attr, timed)
             import ort_hf.engine.wrap as wrap_module
+            import ort_hf.trainer.ort_trainer as trainer_module
 
-            if getattr(wrap_module, attr, None) is original:
-                setattr(wrap_module, attr, timed)
+            for caller in (wrap_module, trainer_module):
+                if getattr(caller, attr, None) is original:
+                    setattr(caller, attr, timed)
 
 
 def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: int, cache_dir: str | None) -> dict:
