@@ -44,7 +44,7 @@ def export_with_schema_from_trace(original, **kwargs):
     if refusal:
         kwargs["logger"].info("ort_hf: exporting again with ORT's output-structure pass: %s.", refusal)
         return original(**kwargs)
-    if cache_dir:  # what ORT's export writes into its cache folder (_graph_transition_manager.py:951)
+    if cache_dir:  # what ORT's export writes into its cache folder (_graph_transition_manager.py:955)
         import onnx
 
         os.makedirs(cache_dir, exist_ok=True)
