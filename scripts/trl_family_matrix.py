@@ -150,22 +150,9 @@ def brevity(completions, **kwargs):
 
 
 def common(out, lora_run: bool, optim: str = "adamw_torch", **extra) -> dict:
-    args = dict(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        logging_steps=1,
-        seed=0,
-        learning_rate=1e-2 if lora_run else 1e-3,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        **extra,
-    )
-    return {**args, **OPTIM[optim]}
+    from ort_hf.trl.tiny_chat import comparison_args
+
+    return {**comparison_args(out, lora_run, STEPS, **extra), **OPTIM[optim]}
 
 
 def run_case(family: str, case: str, out: Path, ort: bool, optim: str = "adamw_torch"):

@@ -112,3 +112,25 @@ def build_model(
 def lora_targets(family: str) -> list[str]:
     """The attention projections LoRA adapts in ``family`` (GPT-2's Conv1D needs ``fan_in_fan_out=True``)."""
     return families()[family][4]
+
+
+def comparison_args(out, lora: bool, steps: int, **extra) -> dict:
+    """Training arguments of a tiny CPU run comparing a TRL trainer with its ORT counterpart (the
+    tests' and scripts/trl_family_matrix.py's): one log per step, nothing saved or reported."""
+    # bf16 and gradient checkpointing off in both runs: TRL turns them on by default, and the plain
+    # trainer would then train in bf16 on CPU, which ORT refuses.
+    return dict(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        seed=0,
+        learning_rate=1e-2 if lora else 1e-3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        **extra,
+    )

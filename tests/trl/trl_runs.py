@@ -13,23 +13,7 @@ STEPS = 8
 
 
 def common_args(out, lora: bool, **extra) -> dict:
-    # bf16 and gradient checkpointing off in both runs: TRL turns them on by default, and the plain
-    # trainer would then train in bf16 on CPU, which ORT refuses.
-    return dict(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        logging_steps=1,
-        seed=0,
-        learning_rate=1e-2 if lora else 1e-3,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        **extra,
-    )
+    return tiny_chat.comparison_args(out, lora, STEPS, **extra)
 
 
 def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
