@@ -269,18 +269,22 @@ def _bridge_post_export_repairs() -> None:
     #     partial derivative ... unreachable"); it is left out of what ORT differentiates, so its
     #     .grad stays None as in PyTorch. Only the post-processed list changes: the exported one
     #     stays what _reprocess_check compares with (recheck_trainable). Can go with ORTModule.
+    # With the export cache on, the repaired graph is kept in the cache entry (processed_cache).
     import torch
     from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager as GTM
 
+    from . import processed_cache
     from .graph_repairs import detach_function_inputs, drop_empty_concat_inputs, drop_noop_casts, unreachable_parameters
+
+    def repair(model):
+        drop_noop_casts(model)
+        drop_empty_concat_inputs(model)
+        detach_function_inputs(model)
 
     def wrap(original):
         def post_export_process(**kwargs):
-            info = original(**kwargs)
+            info = processed_cache.post_process(original, kwargs, repair)
             model = info._post_export_processed_model
-            drop_noop_casts(model)
-            drop_empty_concat_inputs(model)
-            detach_function_inputs(model)
             if kwargs["export_mode"] == torch.onnx.TrainingMode.TRAINING:
                 parameters = {name for name, _ in kwargs["flatten_module"].named_parameters()}
                 required = info.onnx_graph_input_names_require_grad

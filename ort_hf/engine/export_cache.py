@@ -13,8 +13,10 @@ it whenever that file exists. As shipped that is unsafe in five ways, each handl
    file that every later run loads and crashes on. Exports run under a file lock per entry,
    and a file without its ``.complete`` marker (written after ORT's save returns) is deleted.
 3. A cached graph with ``PythonOp`` nodes (custom autograd Functions) needs the functions
-   registered during export, which a cache hit in a fresh process skips. Such graphs are
-   never cached (an ``uncacheable`` marker records it).
+   registered during export and the objects ORT passed to them by address, which a cache hit in
+   a fresh process lacks. ``python_op_cache`` records both beside the graph and restores them on
+   a hit; a graph whose Functions or arguments cannot be restored that way is not cached (an
+   ``uncacheable`` marker records it).
 4. A read-only, misplaced or full cache folder is not fatal: the export runs uncached with
    one warning naming the folder.
 5. A cache folder others can write, or a graph that is not the one exported, is never loaded
@@ -35,7 +37,7 @@ import os
 import warnings
 from pathlib import Path
 
-from . import trust
+from . import python_op_cache, trust
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -141,13 +143,17 @@ def cached_export(original, **kwargs):
         return original(**kwargs)
     uncached = {**kwargs, "ortmodule_cache_dir": ""}
     module = kwargs["flattened_module"]
+    from .export_record import ACTIVE_EXPORT_RECORD
+
+    record = ACTIVE_EXPORT_RECORD.get()
+    if record is not None:
+        record.export_cache_entry = None  # set below once this export's entry is known to be usable
     settings = {
         k: kwargs.get(k)
         for k in ("onnx_opset_version", "enable_custom_autograd_function", "enable_zero_stage3_support")
     }
-    from .export_record import ACTIVE_EXPORT_RECORD
-
-    record = ACTIVE_EXPORT_RECORD.get()
+    # Whether ORT's export hook may flag sparse labels (compat._bridge_sparsity_switches).
+    settings["label_sparsity"] = record.enable_label_sparsity if record is not None else None
     shared = Path(os.path.abspath(root)) if record is not None and record.export_cache_shared else None
     root = trust.trusted_dir(
         Path(root),
@@ -174,9 +180,12 @@ def cached_export(original, **kwargs):
         )
         return original(**uncached)
     try:
-        return _export_into(entry, original, kwargs, uncached)
+        result = _export_into(entry, original, kwargs, uncached)
     finally:
         lock.release()
+    if record is not None and (entry / ort_file_name(module)).exists():
+        record.export_cache_entry = entry  # the post-processed graph is kept there too (processed_cache)
+    return result
 
 
 def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
@@ -196,10 +205,17 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
         complete.unlink(missing_ok=True)
     hit = graph.exists()
     schema_file = graph.with_suffix(".schema.json")
+    functions_file = graph.with_suffix(".functions.json")
     if hit:
-        restored = _restore(graph, schema_file)
+        restored, stale = _restore(graph, schema_file, functions_file)
         if restored is not None:
             return restored
+        if stale:  # ORT's own loading of the file would miss what its PythonOps need: export again
+            logger.info("ort_hf: exporting again, not loading %s: %s.", graph, stale)
+            for path in (graph, schema_file, functions_file):
+                trust.forget(path)
+            complete.unlink(missing_ok=True)
+            hit = False
     try:
         result = original(**{**kwargs, "ortmodule_cache_dir": str(entry)})
     except Exception as exc:
@@ -214,10 +230,19 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
         return original(**uncached)
     if not hit:
         try:
-            if _has_python_op(result[0]):
-                graph.unlink(missing_ok=True)  # its functions are only registered by a real export
+            functions, refusal = (
+                python_op_cache.describe(result[0], kwargs["flattened_module"])
+                if _has_python_op(result[0])
+                else (None, None)
+            )
+            if refusal:
+                logger.info("ort_hf: the exported graph is not cached: %s.", refusal)
+                graph.unlink(missing_ok=True)
                 (entry / _UNCACHEABLE).touch()
             else:
+                if functions is not None:
+                    functions_file.write_text(json.dumps(functions))
+                    trust.record(functions_file)
                 trust.record(graph)
                 _store_schema(schema_file, result[1])
                 complete.touch()
@@ -245,23 +270,37 @@ def _store_schema(schema_file: Path, schema) -> None:
     trust.record(schema_file)
 
 
-def _restore(graph: Path, schema_file: Path):
-    """The cached graph and the output schema kept beside it, as ORT's ``_get_exported_model``
-    returns them, without its output-structure pass (a PyTorch forward); None when the schema is
-    missing, not the file recorded, unreadable or does not place one tensor per graph output."""
+def _restore(graph: Path, schema_file: Path, functions_file: Path):
+    """``(the cached graph and the output schema kept beside it, None)``, as ORT's
+    ``_get_exported_model`` returns them, without its output-structure pass (a PyTorch forward);
+    ``(None, None)`` when the schema is missing, not the file recorded, unreadable or does not place
+    one tensor per graph output (ORT's own loading then runs the pass); ``(None, why)`` when a graph
+    with PythonOps cannot be restored (``python_op_cache``), so must be exported again."""
     import onnx
 
     from . import output_schema
 
+    try:
+        model = onnx.load(str(graph))
+    except Exception as exc:  # a protobuf DecodeError, an OSError: the entry is of no use
+        return None, f"it does not load ({exc})"
+    if _has_python_op(model):
+        if not (functions_file.exists() and trust.verified(functions_file)):
+            return None, "its PythonOps' record is missing or not the file recorded"
+        try:
+            why = python_op_cache.restore(model, json.loads(functions_file.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            why = f"its PythonOps' record does not read ({exc})"
+        if why:
+            return None, why
     if not (schema_file.exists() and trust.verified(schema_file)):
-        return None
+        return None, "its output schema is missing" if _has_python_op(model) else None
     try:
         schema = output_schema.loads(schema_file.read_text())
-        model = onnx.load(str(graph))
     except (OSError, ValueError, ImportError, AttributeError) as exc:
         logger.info("ort_hf: not using the output schema kept in %s (%s)", schema_file, exc)
-        return None
+        return None, "its output schema does not read" if _has_python_op(model) else None
     if output_schema.tensor_count(schema) != len(model.graph.output):
         logger.info("ort_hf: the output schema in %s does not match its graph's outputs", schema_file)
-        return None
-    return model, schema
+        return None, "its output schema does not match it" if _has_python_op(model) else None
+    return (model, schema), None

@@ -31,6 +31,7 @@ class ExportRecord:
     export_seconds: float = 0.0
     eliminate_padding: bool = False  # set per training forward: rewrite the graph if one is built now
     padding_rewrite: object | None = None  # padding_elimination.Rewrite of the graph built last
+    export_cache_entry: object | None = None  # the export cache entry (a Path) of the export run last
 
     def configure(self, options, device_type: str) -> None:
         """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default

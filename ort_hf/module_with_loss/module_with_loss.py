@@ -79,6 +79,31 @@ class ModuleWithLoss(nn.Module):
         self.loss_in_graph = True
         self.chunked_head = False
         self.head_threads = 1  # PyTorch's threads for the fused head (its count outside ORT's graph)
+        # Whether the first batch's labels are sparse enough for ORT's export hook to flag them
+        # (ORTTrainer sets it with the loss placement, before ORT exports).
+        self.sparse_first_labels = False
+
+    def extra_repr(self) -> str:
+        # Everything besides the code and the weights that decides the graph ORT exports: ORT's
+        # export cache keys its entries by the module's repr (export_cache.py).
+        return (
+            f"loss_kind={self.loss_kind}, per_num_items={self.per_num_items}, takes_num_items={self.takes_num_items}, "
+            f"loss_in_graph={self.loss_in_graph}, chunked_head={self.chunked_head}, head_threads={self.head_threads}, "
+            f"shift_labels={self.shift_labels}, label_smoothing={self.label_smoothing}, "
+            f"label_flags_expected={self.label_flags_expected}, compute_loss_func={_identity(self.compute_loss_func)}"
+        )
+
+    @property
+    def label_flags_expected(self) -> int:
+        """How many label-sparsity flags ORT's export hook puts in this module's graph (one on its
+        registered cross-entropy, when that runs in the graph on sparse labels), where label
+        sparsity is on; ``export_cache`` keeps a graph only when its flags are the declared ones."""
+        return int(
+            self.loss_kind == CROSS_ENTROPY
+            and self.loss_in_graph
+            and not self.chunked_head
+            and self.sparse_first_labels
+        )
 
     def use(self, choice) -> None:
         """Take a ``loss_choice.LossChoice`` (made on the first batch, before ORT exports)."""
@@ -260,6 +285,17 @@ def _is_causal_lm(model: nn.Module) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return type(base_model(model)).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def _identity(function) -> str | None:
+    """``function`` by its address, unique to this process: what it computes can hang on values
+    its source does not show (a closure's class weights), so no graph with it is reused by
+    another run."""
+    return (
+        None
+        if function is None
+        else f"{getattr(function, '__qualname__', type(function).__qualname__)}@{id(function):x}"
+    )
 
 
 def base_model(model: nn.Module) -> nn.Module:

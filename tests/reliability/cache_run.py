@@ -31,12 +31,53 @@ class _PythonOpNet(torch.nn.Module):
         return torch.nn.functional.mse_loss(_Square.apply(self.linear(x)).squeeze(-1), labels.float())
 
 
+def _local_function_net() -> torch.nn.Module:
+    class Cube(torch.autograd.Function):  # not importable by name: a fresh process cannot find it
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * grad
+
+    class Net(_PythonOpNet):
+        def forward(self, input_ids, attention_mask, labels):
+            x = torch.nn.functional.one_hot(input_ids % 8, 8).float().mean(1)
+            return torch.nn.functional.mse_loss(Cube.apply(self.linear(x)).squeeze(-1), labels.float())
+
+    return Net()
+
+
+def _causal_lm(kind: str) -> torch.nn.Module:
+    """A tiny Llama in ModuleWithLoss, as ORTTrainer places its loss on sparse labels ("sparse-lm":
+    ORT's label flag in the graph; "undeclared-lm": the flag, not declared) or dense ones with the
+    fused chunked head ("chunked-lm": ort_hf's PythonOp, a missing bias passed by address)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ort_hf.module_with_loss import ModuleWithLoss
+
+    config = LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    module = ModuleWithLoss(LlamaForCausalLM(config))
+    module.sparse_first_labels = kind == "sparse-lm"
+    module.chunked_head = kind == "chunked-lm"
+    return module
+
+
 def _model(kind: str) -> torch.nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
     if kind == "python-op":
         return _PythonOpNet()
+    if kind == "local-python-op":
+        return _local_function_net()
+    if kind.endswith("-lm"):
+        return _causal_lm(kind)
     config = BertConfig(
         vocab_size=100,
         hidden_size=32,
@@ -61,11 +102,26 @@ def _count_structure_passes(counter: list) -> None:
     _io.parse_outputs_for_onnx_export_and_extract_schema = counted
 
 
+def _count_shape_inferences(counter: list) -> None:
+    """Count the runs of ORT's symbolic shape inference over the exported graph."""
+    from onnxruntime.training.ortmodule._graph_transition_manager import GraphTransitionManager
+
+    original = GraphTransitionManager._infer_shapes
+
+    def counted(model):
+        counter.append(1)
+        return original(model)
+
+    GraphTransitionManager._infer_shapes = staticmethod(counted)
+
+
 def main(cache_dir: str, kind: str) -> None:
     model = _model(kind)
     wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", export_cache_dir=cache_dir))
     passes: list = []
     _count_structure_passes(passes)  # after wrap_model: ORT is imported, ort_hf's bridges in place
+    inferences: list = []
+    _count_shape_inferences(inferences)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)
     losses, grads = [], []
@@ -73,8 +129,9 @@ def main(cache_dir: str, kind: str) -> None:
         warnings.simplefilter("always")
         for _ in range(3):
             ids = torch.randint(3, 100, (4, 12), generator=gen)
-            out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 0] % 2)
-            loss = out if isinstance(out, torch.Tensor) else out.loss
+            labels = ids.masked_fill(torch.arange(12) >= 6, -100) if kind.endswith("-lm") else ids[:, 0] % 2
+            out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+            loss = out if isinstance(out, torch.Tensor) else out["loss"]
             loss.backward()
             grads.append([p.grad.flatten().tolist() for p in model.parameters() if p.grad is not None])
             opt.step()
@@ -90,6 +147,9 @@ def main(cache_dir: str, kind: str) -> None:
                 "backend": status.backend,
                 "export_count": status.export_count,
                 "structure_passes": len(passes),
+                "shape_inferences": len(inferences),
+                "label_sparsity": bool(wrapped.label_sparsity_fired()),
+                "python_ops": sum(n.op_type == "PythonOp" for n in wrapped.training_graph().graph.node),
                 "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)],
             }
         )

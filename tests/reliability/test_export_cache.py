@@ -29,7 +29,12 @@ def _run(cache_dir, kind="eager") -> dict:
 
 
 def _graphs(cache_dir):
-    return sorted(Path(cache_dir).glob("*/*.onnx"))
+    """The exported graphs in the cache (not the post-processed ones kept beside them)."""
+    return sorted(p for p in Path(cache_dir).glob("*/*.onnx") if not p.name.startswith("processed-"))
+
+
+def _processed(cache_dir):
+    return sorted(Path(cache_dir).glob("*/processed-*.onnx"))
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +89,43 @@ def test_models_with_the_same_repr_get_their_own_entries(tmp_path):
     assert len(graphs) == 2 and graphs[0].name == graphs[1].name  # ORT alone would have loaded the eager graph
 
 
-def test_graphs_with_python_ops_are_never_cached(tmp_path):
+@pytest.mark.parametrize("kind", ["python-op", "sparse-lm", "chunked-lm"])
+def test_a_graph_with_python_ops_is_restored_in_a_fresh_process(tmp_path, kind):
+    """A hit registers the graph's autograd Functions again and re-creates what ORT passed them by
+    address (ORT's label flag "label", the fused head's missing bias): it trains as the export did,
+    label sparsity included."""
+    first = _run(tmp_path, kind)
+    (graph,) = _graphs(tmp_path)
+    assert graph.with_suffix(".functions.json").exists()
+    hit = _run(tmp_path, kind)  # a fresh process
+    assert first["export_count"] == 1 and hit["export_count"] == 0
+    # The processed graph is kept too (a class no sweep proved also gets a pre-flight export, uncached).
+    assert hit["shape_inferences"] == first["shape_inferences"] - 1
+    assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
+    assert hit["python_ops"] == first["python_ops"] and hit["label_sparsity"] == first["label_sparsity"]
+    assert first["label_sparsity"] == (kind == "sparse-lm")
+
+
+def test_a_changed_function_source_is_exported_again(tmp_path):
+    from ort_hf.engine import trust
+
     first = _run(tmp_path, "python-op")
-    second = _run(tmp_path, "python-op")  # a fresh process: a cache hit would lack the registered Function
-    assert first["export_count"] == second["export_count"] == 1
-    assert first["losses"] == second["losses"]
+    (graph,) = _graphs(tmp_path)
+    record = graph.with_suffix(".functions.json")
+    kept = json.loads(record.read_text())
+    kept["functions"] = {name: "0" * 64 for name in kept["functions"]}  # as if _Square's file had changed
+    record.write_text(json.dumps(kept))
+    trust.record(record)
+    again = _run(tmp_path, "python-op")
+    assert again["export_count"] == 1 and again["losses"] == first["losses"]
+    assert json.loads(record.read_text())["functions"] != kept["functions"]  # the entry was redone
+
+
+@pytest.mark.parametrize("kind", ["local-python-op", "undeclared-lm"])
+def test_graphs_a_fresh_process_cannot_restore_are_not_cached(tmp_path, kind):
+    """A Function defined inside a function cannot be imported by name; a label flag no module
+    declared depends on the batch, not on what the key holds."""
+    _run(tmp_path, kind)
     assert _graphs(tmp_path) == [] and list(tmp_path.glob("*/uncacheable"))
 
 
@@ -127,9 +164,10 @@ def test_the_key_holds_the_parameter_dtypes_and_the_autocast_in_force():
 
 
 def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_path):
-    """A hit runs no PyTorch forward (the output structure is kept beside the graph), and trains as
-    the run that exported: the same losses and gradients, the same output class. A kept structure
-    that is not the file recorded is not used: ORT's pass runs, and its structure is kept again."""
+    """A hit runs no PyTorch forward (the output structure is kept beside the graph) and no shape
+    inference (the post-processed graph is kept too), and trains as the run that exported: the same
+    losses and gradients, the same output class. A kept structure or processed graph that is not
+    the file recorded is not used: ORT's pass or shape inference runs again."""
     first = _run(tmp_path)
     (graph,) = _graphs(tmp_path)
     schema = graph.with_suffix(".schema.json")
@@ -139,6 +177,15 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     assert hit["export_count"] == 0 and hit["structure_passes"] == 0
     assert hit["out_type"] == first["out_type"] == "SequenceClassifierOutput"
     assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
+
+    # ORT's shape inference ran once, its result (after ort_hf's repairs) kept beside the graph.
+    (processed,) = _processed(tmp_path)
+    assert first["shape_inferences"] == 1 and hit["shape_inferences"] == 0
+
+    processed.write_bytes(processed.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
+    redone = _run(tmp_path)
+    assert redone["export_count"] == 0 and redone["shape_inferences"] == 1
+    assert redone["losses"] == first["losses"] and redone["grads"] == first["grads"]
 
     kept = schema.read_text()
     schema.write_text(kept.replace("logits", "scores"))  # no longer the file recorded

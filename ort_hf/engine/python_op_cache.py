@@ -1,0 +1,129 @@
+"""PythonOps in ORT's export cache: what a cached graph with custom autograd Functions needs in a
+fresh process, written beside it when it is stored and put back when it is loaded.
+
+ORT's exporter (``_custom_autograd_function_exporter._default_export``) does two things for each
+PythonOp that a graph loaded from disk lacks. It registers the Function class under its qualified
+name (``register_torch_autograd_function``, ``register_custom_function_schema_supplementary``). And
+it passes every argument that is not a tensor, a number or a tuple of numbers by address: the
+node's ``input_pointer_scalars`` hold ``id(arg)``, kept alive by
+``register_miscellaneous_const_input``. An address means nothing in another process.
+
+:func:`describe` records each Function's qualified name with a digest of its source file, and the
+value of each argument passed by address; only None and strings are kept (ORT's label flag passes
+``"label"``, ort_hf's fused head a missing bias), anything else leaves the graph uncached.
+:func:`restore` imports and registers the Functions again (a changed or missing source is a miss)
+and re-creates the arguments, writing their new addresses into the graph.
+
+ORT's label-sparsity flag (``FlagAndPrintDensity``, put by the export's hook on each
+``nn.CrossEntropyLoss`` whose labels are sparse in the batch being exported) depends on that
+batch, not only on the code: a graph is kept only when its flags are the ones its modules declare
+(``label_flags_expected``, e.g. ModuleWithLoss's, which is in the key through the module's repr).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib
+import inspect
+from pathlib import Path
+
+FLAG = "onnxruntime.training.ortmodule._runtime_inspector.FlagAndPrintDensity"
+_POINTERS = "input_pointer_scalars"
+
+
+def _attributes(node) -> dict:
+    return {a.name: a for a in node.attribute}
+
+
+def _function_name(node) -> str:
+    return _attributes(node)["func_name"].s.decode()
+
+
+def _resolve(name: str):
+    """The autograd Function named ``name`` (module path, then qualified name), or None."""
+    import torch
+
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except Exception:  # not a module, or one that fails to import: a miss, re-exported
+            continue
+        for part in parts[cut:]:
+            found = getattr(found, part, None)
+        return found if isinstance(found, type) and issubclass(found, torch.autograd.Function) else None
+    return None
+
+
+def _source_digest(function) -> str | None:
+    try:
+        return hashlib.sha256(Path(inspect.getsourcefile(function)).read_bytes()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def describe(model, flattened_module) -> tuple[dict | None, str | None]:
+    """``(record, None)`` for a graph whose PythonOps a fresh process can restore, else
+    ``(None, why not)``. Run in the exporting process, where ORT holds every argument it passed by
+    address."""
+    functions: dict[str, str] = {}
+    pointers: list[list] = []
+    flags = 0
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "PythonOp":
+            continue
+        name = _function_name(node)
+        function = _resolve(name)
+        digest = _source_digest(function) if function is not None else None
+        if digest is None:
+            return None, f"its autograd Function {name} cannot be imported by name, or its source read"
+        functions[name] = digest
+        addresses = _attributes(node).get(_POINTERS)
+        values = [ctypes.cast(address, ctypes.py_object).value for address in (addresses.ints if addresses else [])]
+        for value in values:
+            if value is not None and not isinstance(value, str):
+                return None, f"{name} takes a {type(value).__name__} argument, which ORT passes by address"
+        if values:
+            pointers.append([index, values])
+        if name == FLAG:
+            if values != ["label"]:
+                return None, "ORT flagged an input other than the labels"
+            flags += 1
+    expected = sum(getattr(module, "label_flags_expected", 0) for module in flattened_module.modules())
+    if flags != expected:
+        return None, f"ORT's export flagged {flags} label inputs where the modules declare {expected}"
+    return {"functions": functions, "pointers": pointers}, None
+
+
+def restore(model, record: dict) -> str | None:
+    """Register the Functions of ``model``'s PythonOps and write the addresses of re-created
+    arguments into it, as ORT's export would have; None, or why the graph cannot be used."""
+    from onnxruntime.capi._pybind_state import register_miscellaneous_const_input, register_torch_autograd_function
+    from onnxruntime.training.ortmodule._custom_autograd_function_exporter import (
+        register_custom_function_schema_supplementary,
+    )
+
+    used = {_function_name(node) for node in model.graph.node if node.op_type == "PythonOp"}
+    if used != set(record["functions"]):
+        return "its PythonOps are not the ones recorded beside it"
+    functions = {}
+    for name, digest in record["functions"].items():
+        function = _resolve(name)
+        if function is None or _source_digest(function) != digest:
+            return f"the autograd Function {name} is gone or its source changed"
+        functions[name] = function
+    for index, values in record["pointers"]:
+        node = model.graph.node[index] if index < len(model.graph.node) else None
+        addresses = _attributes(node).get(_POINTERS) if node is not None and node.op_type == "PythonOp" else None
+        if addresses is None or len(addresses.ints) != len(values):
+            return "its PythonOps' arguments are not the ones recorded beside it"
+    for name, function in functions.items():
+        register_torch_autograd_function(name, function)
+        register_custom_function_schema_supplementary(function)
+    for index, values in record["pointers"]:
+        objects = [None if value is None else str(value) for value in values]
+        for value in objects:
+            register_miscellaneous_const_input(value)  # held for the process's life, as ORT's export does
+        _attributes(model.graph.node[index])[_POINTERS].ints[:] = [id(value) for value in objects]
+    return None
