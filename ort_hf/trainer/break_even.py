@@ -52,7 +52,7 @@ class BreakEvenCallback(TrainerCallback):
                 engine.use_pytorch(True)
             elif index == 2 * self.steps + 1:
                 engine.use_pytorch(False)
-                self._decide(engine, args.use_ort == "auto", state.max_steps - self._first_step)
+                self._decide(engine, args.use_ort == "auto", state.max_steps - self._first_step, args)
         self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -66,7 +66,7 @@ class BreakEvenCallback(TrainerCallback):
         """Median step time (s) through ORT and in PyTorch."""
         return statistics.median(self._times["ort"]), statistics.median(self._times["pytorch"])
 
-    def _decide(self, engine, auto: bool, total_steps: int) -> None:
+    def _decide(self, engine, auto: bool, total_steps: int, args) -> None:
         ort_s, pytorch_s = self.medians()
         first_s = max(self._first_step_s or 0.0, ort_s)
         export_s = first_s - ort_s
@@ -99,6 +99,8 @@ class BreakEvenCallback(TrainerCallback):
                 f"; this run's {total_steps} steps at these rates: ORT {ort_run:.0f} s, PyTorch "
                 f"{pytorch_run:.0f} s ({pytorch_run / ort_run:.2f}x)"
             )
+        if saved > 0 and 0 < total_steps < break_even and not args.ort_export_cache_dir:
+            after += "; --ort_export_cache_dir DIR lets the next run of this model load its exported graph"
         if auto:
             after += f"; --use_ort auto: the rest of the run trains {'in PyTorch' if to_pytorch else 'through ORT'}"
         elif saved <= 0:

@@ -74,6 +74,8 @@ def test_auto_continues_on_the_faster_engine_as_one_run(tmp_path, monkeypatch, c
     (said,) = [r.getMessage() for r in caplog.records if "measured in this run" in r.getMessage()]
     if faster == "ort":
         assert f"whole run is the faster from {logged[0]['ort/break_even_steps']:.0f} steps on" in said
+        # A run shorter than its break-even point is told how the next one can skip the export.
+        assert logged[0]["ort/break_even_steps"] > 8 and "--ort_export_cache_dir DIR lets the next run" in said
     else:
         assert logged[0]["ort/break_even_steps"] == float("inf") and "never the faster" in said
     assert "this run's 8 steps at these rates" in said
