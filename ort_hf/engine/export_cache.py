@@ -180,7 +180,7 @@ def cached_export(original, **kwargs):
         )
         return original(**uncached)
     try:
-        result = _export_into(entry, original, kwargs, uncached)
+        result = _export_into(entry, original, kwargs, uncached, settings["label_sparsity"] is not False)
     finally:
         lock.release()
     if record is not None and (entry / ort_file_name(module)).exists():
@@ -188,7 +188,7 @@ def cached_export(original, **kwargs):
     return result
 
 
-def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
+def _export_into(entry: Path, original, kwargs: dict, uncached: dict, label_sparsity: bool):
     if (entry / _UNCACHEABLE).exists():
         return original(**uncached)
     graph = entry / ort_file_name(kwargs["flattened_module"])
@@ -231,7 +231,7 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict):
     if not hit:
         try:
             functions, refusal = (
-                python_op_cache.describe(result[0], kwargs["flattened_module"])
+                python_op_cache.describe(result[0], kwargs["flattened_module"], label_sparsity)
                 if _has_python_op(result[0])
                 else (None, None)
             )

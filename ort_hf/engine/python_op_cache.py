@@ -63,10 +63,10 @@ def _source_digest(function) -> str | None:
         return None
 
 
-def describe(model, flattened_module) -> tuple[dict | None, str | None]:
+def describe(model, flattened_module, label_sparsity: bool = True) -> tuple[dict | None, str | None]:
     """``(record, None)`` for a graph whose PythonOps a fresh process can restore, else
     ``(None, why not)``. Run in the exporting process, where ORT holds every argument it passed by
-    address."""
+    address. ``label_sparsity``: whether ORT's export hook could flag labels at all."""
     functions: dict[str, str] = {}
     pointers: list[list] = []
     flags = 0
@@ -90,7 +90,11 @@ def describe(model, flattened_module) -> tuple[dict | None, str | None]:
             if values != ["label"]:
                 return None, "ORT flagged an input other than the labels"
             flags += 1
-    expected = sum(getattr(module, "label_flags_expected", 0) for module in flattened_module.modules())
+    expected = (
+        sum(getattr(module, "label_flags_expected", 0) for module in flattened_module.modules())
+        if label_sparsity
+        else 0
+    )
     if flags != expected:
         return None, f"ORT's export flagged {flags} label inputs where the modules declare {expected}"
     return {"functions": functions, "pointers": pointers}, None
