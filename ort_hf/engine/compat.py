@@ -202,6 +202,8 @@ def _bridge_sparsity_switches() -> None:
         def add_label_hook(enable_flag_from_ort, logger, runtime_inspector, flattened_module):
             record = ACTIVE_EXPORT_RECORD.get()
             enabled = record.enable_label_sparsity if record is not None else enable_flag_from_ort
+            if record is not None:
+                record.runtime_inspector = runtime_inspector  # an export-cache hit notes its flags there
             return original(enabled, logger, runtime_inspector, flattened_module) or []
 
         return add_label_hook

@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 
 from . import python_op_cache, trust
+from .export_record import ACTIVE_EXPORT_RECORD
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -143,8 +144,6 @@ def cached_export(original, **kwargs):
         return original(**kwargs)
     uncached = {**kwargs, "ortmodule_cache_dir": ""}
     module = kwargs["flattened_module"]
-    from .export_record import ACTIVE_EXPORT_RECORD
-
     record = ACTIVE_EXPORT_RECORD.get()
     if record is not None:
         record.export_cache_entry = None  # set below once this export's entry is known to be usable
@@ -209,6 +208,9 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict, label_spar
     if hit:
         restored, stale = _restore(graph, schema_file, functions_file)
         if restored is not None:
+            if label_sparsity:
+                record = ACTIVE_EXPORT_RECORD.get()
+                python_op_cache.note_label_flags(kwargs["flattened_module"], record and record.runtime_inspector)
             return restored
         if stale:  # ORT's own loading of the file would miss what its PythonOps need: export again
             logger.info("ort_hf: exporting again, not loading %s: %s.", graph, stale)

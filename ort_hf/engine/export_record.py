@@ -32,6 +32,7 @@ class ExportRecord:
     eliminate_padding: bool = False  # set per training forward: rewrite the graph if one is built now
     padding_rewrite: object | None = None  # padding_elimination.Rewrite of the graph built last
     export_cache_entry: object | None = None  # the export cache entry (a Path) of the export run last
+    runtime_inspector: object | None = None  # ORT's RuntimeInspector of the export running (feeds ORT's banner)
 
     def configure(self, options, device_type: str) -> None:
         """Take the per-model settings from ``options`` (an ``ORTOptions``), each option's default

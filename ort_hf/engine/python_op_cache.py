@@ -131,3 +131,14 @@ def restore(model, record: dict) -> str | None:
             register_miscellaneous_const_input(value)  # held for the process's life, as ORT's export does
         _attributes(model.graph.node[index])[_POINTERS].ints[:] = [id(value) for value in objects]
     return None
+
+
+def note_label_flags(flattened_module, inspector) -> None:
+    """Note in ORT's runtime inspector what its export hook notes when it flags labels (ORT's banner
+    then reads ``Label Sparsity: ON`` with the density, as after an export), for a graph loaded with
+    the flags its modules declare (``flagged_labels``)."""
+    if inspector is None:
+        return
+    for name, module in flattened_module.named_modules():
+        for child, density in (module.flagged_labels() if hasattr(module, "flagged_labels") else {}).items():
+            inspector._sceloss_module_to_ignore_density_map[f"{name}.{child}" if name else child] = density

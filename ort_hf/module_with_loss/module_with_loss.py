@@ -79,8 +79,9 @@ class ModuleWithLoss(nn.Module):
         self.loss_in_graph = True
         self.chunked_head = False
         self.head_threads = 1  # PyTorch's threads for the fused head (its count outside ORT's graph)
-        # Whether the first batch's labels are sparse enough for ORT's export hook to flag them
-        # (ORTTrainer sets it with the loss placement, before ORT exports).
+        # The first batch's label density, and whether it is low enough for ORT's export hook to
+        # flag the labels (ORTTrainer sets both with the loss placement, before ORT exports).
+        self.first_label_density = 1.0
         self.sparse_first_labels = False
 
     def extra_repr(self) -> str:
@@ -104,6 +105,11 @@ class ModuleWithLoss(nn.Module):
             and not self.chunked_head
             and self.sparse_first_labels
         )
+
+    def flagged_labels(self) -> dict[str, float]:
+        """The submodule ORT's export hook flags (its registered cross-entropy, by name), with the
+        first batch's label density in percent, as the hook notes it for ORT's banner."""
+        return {"loss_fct": 100 * self.first_label_density} if self.label_flags_expected else {}
 
     def use(self, choice) -> None:
         """Take a ``loss_choice.LossChoice`` (made on the first batch, before ORT exports)."""

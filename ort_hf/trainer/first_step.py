@@ -36,7 +36,9 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
     labels = inputs.get("labels")
     choice = choose_loss(module, inputs, num_items_in_batch)
     module.use(choice)
-    module.sparse_first_labels = labels is not None and module.label_density(labels) < SPARSITY_THRESHOLD
+    if labels is not None:
+        module.first_label_density = module.label_density(labels)
+        module.sparse_first_labels = module.first_label_density < SPARSITY_THRESHOLD
     if choice.reason:
         logger.warning(
             "ort_hf: the model's own loss is trained, inside the ORT graph, with no label sparsity: %s.", choice.reason

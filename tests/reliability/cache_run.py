@@ -64,6 +64,7 @@ def _causal_lm(kind: str) -> torch.nn.Module:
     )
     module = ModuleWithLoss(LlamaForCausalLM(config))
     module.sparse_first_labels = kind == "sparse-lm"
+    module.first_label_density = 0.5
     module.chunked_head = kind == "chunked-lm"
     return module
 
@@ -150,6 +151,8 @@ def main(cache_dir: str, kind: str) -> None:
                 "shape_inferences": len(inferences),
                 "label_sparsity": bool(wrapped.label_sparsity_fired()),
                 "python_ops": sum(n.op_type == "PythonOp" for n in wrapped.training_graph().graph.node),
+                # What ORT's banner reports as label sparsity (module: density), from its runtime inspector.
+                "label_flags_noted": wrapped._training_manager()._runtime_inspector._sceloss_module_to_ignore_density_map,
                 "warnings": [str(w.message) for w in caught if "ort_hf" in str(w.message)],
             }
         )

@@ -104,6 +104,9 @@ def test_a_graph_with_python_ops_is_restored_in_a_fresh_process(tmp_path, kind):
     assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
     assert hit["python_ops"] == first["python_ops"] and hit["label_sparsity"] == first["label_sparsity"]
     assert first["label_sparsity"] == (kind == "sparse-lm")
+    # ORT's banner says what the graph does: its hook noted the flag in the export, ort_hf on the hit.
+    assert sorted(hit["label_flags_noted"]) == sorted(first["label_flags_noted"])
+    assert bool(first["label_flags_noted"]) == first["label_sparsity"]
 
 
 def test_a_changed_function_source_is_exported_again(tmp_path):
