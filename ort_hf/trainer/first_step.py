@@ -49,7 +49,7 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
     elif module.loss_kind != CROSS_ENTROPY or labels.dim() < 2:
         module.loss_in_graph = True  # sequence-level labels or a user's loss: nothing to gain outside
     else:
-        density = module.label_density(labels)
+        density = module.first_label_density
         module.loss_in_graph = args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
         if not module.loss_in_graph:
             _place_dense_loss(module, inputs, density, args, pythonop)
