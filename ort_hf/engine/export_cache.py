@@ -286,7 +286,8 @@ def _restore(graph: Path, schema_file: Path, functions_file: Path):
         model = onnx.load(str(graph))
     except Exception as exc:  # a protobuf DecodeError, an OSError: the entry is of no use
         return None, f"it does not load ({exc})"
-    if _has_python_op(model):
+    python_ops = _has_python_op(model)
+    if python_ops:
         if not (functions_file.exists() and trust.verified(functions_file)):
             return None, "its PythonOps' record is missing or not the file recorded"
         try:
@@ -296,13 +297,13 @@ def _restore(graph: Path, schema_file: Path, functions_file: Path):
         if why:
             return None, why
     if not (schema_file.exists() and trust.verified(schema_file)):
-        return None, "its output schema is missing" if _has_python_op(model) else None
+        return None, "its output schema is missing" if python_ops else None
     try:
         schema = output_schema.loads(schema_file.read_text())
     except (OSError, ValueError, ImportError, AttributeError) as exc:
         logger.info("ort_hf: not using the output schema kept in %s (%s)", schema_file, exc)
-        return None, "its output schema does not read" if _has_python_op(model) else None
+        return None, "its output schema does not read" if python_ops else None
     if output_schema.tensor_count(schema) != len(model.graph.output):
         logger.info("ort_hf: the output schema in %s does not match its graph's outputs", schema_file)
-        return None, "its output schema does not match it" if _has_python_op(model) else None
+        return None, "its output schema does not match it" if python_ops else None
     return (model, schema), None

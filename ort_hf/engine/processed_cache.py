@@ -26,9 +26,9 @@ import os
 from pathlib import Path
 
 from . import trust
+from .python_op_cache import POINTERS, attributes
 
 logger = logging.getLogger(__name__)
-_POINTERS = "input_pointer_scalars"
 
 
 def _python_ops(model) -> list:
@@ -44,9 +44,9 @@ def _digest(model, kwargs: dict) -> str:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in _python_ops(copy):
-        for attribute in node.attribute:
-            if attribute.name == _POINTERS:
-                attribute.ints[:] = [0] * len(attribute.ints)
+        pointers = attributes(node).get(POINTERS)
+        if pointers is not None:
+            pointers.ints[:] = [0] * len(pointers.ints)
     digest = hashlib.sha256(copy.SerializeToString(deterministic=True))
     settings = {k: str(kwargs.get(k)) for k in ("export_mode", "enable_custom_autograd_function")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
@@ -104,10 +104,10 @@ def _load(path: Path, exported):
     if len(ours) != len(kept):
         return None
     for source, target in zip(ours, kept):
-        pointers = {a.name: a for a in source.attribute}.get(_POINTERS)
+        pointers = attributes(source).get(POINTERS)
         if pointers is None:
             continue
-        attribute = {a.name: a for a in target.attribute}.get(_POINTERS)
+        attribute = attributes(target).get(POINTERS)
         if attribute is None or len(attribute.ints) != len(pointers.ints):
             return None
         attribute.ints[:] = pointers.ints

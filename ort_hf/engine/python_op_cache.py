@@ -29,15 +29,15 @@ import inspect
 from pathlib import Path
 
 FLAG = "onnxruntime.training.ortmodule._runtime_inspector.FlagAndPrintDensity"
-_POINTERS = "input_pointer_scalars"
+POINTERS = "input_pointer_scalars"  # the attribute holding ORT's by-address arguments
 
 
-def _attributes(node) -> dict:
+def attributes(node) -> dict:
     return {a.name: a for a in node.attribute}
 
 
 def _function_name(node) -> str:
-    return _attributes(node)["func_name"].s.decode()
+    return attributes(node)["func_name"].s.decode()
 
 
 def _resolve(name: str):
@@ -79,7 +79,7 @@ def describe(model, flattened_module, label_sparsity: bool = True) -> tuple[dict
         if digest is None:
             return None, f"its autograd Function {name} cannot be imported by name, or its source read"
         functions[name] = digest
-        addresses = _attributes(node).get(_POINTERS)
+        addresses = attributes(node).get(POINTERS)
         values = [ctypes.cast(address, ctypes.py_object).value for address in (addresses.ints if addresses else [])]
         for value in values:
             if value is not None and not isinstance(value, str):
@@ -119,7 +119,7 @@ def restore(model, record: dict) -> str | None:
         functions[name] = function
     for index, values in record["pointers"]:
         node = model.graph.node[index] if index < len(model.graph.node) else None
-        addresses = _attributes(node).get(_POINTERS) if node is not None and node.op_type == "PythonOp" else None
+        addresses = attributes(node).get(POINTERS) if node is not None and node.op_type == "PythonOp" else None
         if addresses is None or len(addresses.ints) != len(values):
             return "its PythonOps' arguments are not the ones recorded beside it"
     for name, function in functions.items():
@@ -129,7 +129,7 @@ def restore(model, record: dict) -> str | None:
         objects = [None if value is None else str(value) for value in values]
         for value in objects:
             register_miscellaneous_const_input(value)  # held for the process's life, as ORT's export does
-        _attributes(model.graph.node[index])[_POINTERS].ints[:] = [id(value) for value in objects]
+        attributes(model.graph.node[index])[POINTERS].ints[:] = [id(value) for value in objects]
     return None
 
 
