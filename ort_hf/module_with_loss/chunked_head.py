@@ -15,12 +15,13 @@ from torch import nn
 
 from .._batches import first_rows_of
 from .._model_state import side_effect_free
-from .loss_choice import PROBE_MIN_ROWS
+from .loss_choice import PROBE_MIN_ROWS, recall_check
 from .module_with_loss import CROSS_ENTROPY, ModuleWithLoss, _output, base_model
 
 
-def chunked_head_refusal(module: ModuleWithLoss, batch: dict, pythonop: bool) -> str | None:
-    """Why ``module``'s cross-entropy cannot be the fused chunked one for this model, or None."""
+def chunked_head_refusal(module: ModuleWithLoss, batch: dict, pythonop: bool, memo=None) -> str | None:
+    """Why ``module``'s cross-entropy cannot be the fused chunked one for this model, or None.
+    ``memo``: as for ``loss_choice.choose_loss``."""
     model = module.model
     if not pythonop:
         return "ORT's PythonOp is unavailable (custom autograd off, or its extension missing: `ort-hf doctor`)"
@@ -37,13 +38,21 @@ def chunked_head_refusal(module: ModuleWithLoss, batch: dict, pythonop: bool) ->
     # Any row shows a step between the head's projection and the logits.
     rows = first_rows_of(batch, PROBE_MIN_ROWS)
     rows = {k: v for k, v in rows.items() if k not in ("labels", "num_items_in_batch")}
+    found = recall_check(
+        memo, "logits_are_head_projection", rows, {}, lambda: _logits_are_projection(model, head, backbone, rows)
+    )
+    if not found["same"]:
+        return f"{type(model).__name__}'s logits are not its head's projection of its backbone's hidden states"
+    return None
+
+
+def _logits_are_projection(model, head, backbone, rows: dict) -> dict:
     with side_effect_free(model):  # each block starts from the same RNG state: the same dropout masks
         logits = _output(model(**rows), "logits")
     with side_effect_free(model):
         projected = head(_output(backbone(**rows), "last_hidden_state"))
-    if logits.shape != projected.shape or not torch.allclose(logits.float(), projected.float(), rtol=1e-5, atol=1e-5):
-        return f"{type(model).__name__}'s logits are not its head's projection of its backbone's hidden states"
-    return None
+    same = logits.shape == projected.shape and torch.allclose(logits.float(), projected.float(), rtol=1e-5, atol=1e-5)
+    return {"same": bool(same)}
 
 
 def fused_in_graph(graph) -> bool:

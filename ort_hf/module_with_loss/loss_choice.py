@@ -31,8 +31,10 @@ class LossChoice:
     per_num_items: bool = True
 
 
-def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None) -> LossChoice:
-    """What ``module`` should compute for the model and the first batch (see the module docstring)."""
+def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None, memo=None) -> LossChoice:
+    """What ``module`` should compute for the model and the first batch (see the module docstring).
+    ``memo``: an ``engine.first_batch_memo`` whose recorded outcome of the first-batch forwards stands in
+    for running them (the export cache's)."""
     labels = batch.get("labels")
     if module.compute_loss_func is not None:
         return LossChoice(USER_LOSS)
@@ -40,16 +42,32 @@ def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None) ->
         return LossChoice(CROSS_ENTROPY)  # the Trainer's LabelSmoother replaces the model's loss too
     reason = _not_a_standard_head(module, labels)
     if reason:
-        _check_returns_loss(module, batch)
+        rows = first_rows_of(batch, PROBE_MIN_ROWS)
+        recall_check(memo, "returns_loss", rows, {}, lambda: _check_returns_loss(module, rows))
         return LossChoice(MODEL_LOSS, reason)
-    return _compare_on_first_batch(module, batch, num_items_in_batch)
+    rows = _rows_with_labels(batch, module)
+    facts = {
+        "two_classes": _two_classes(rows, module),
+        "num_items_in_batch": num_items_in_batch is not None,
+        "model_accepts_loss_kwargs": module.model_accepts_loss_kwargs,
+        "shift_labels": module.shift_labels,
+        "label_smoothing": module.label_smoothing,
+    }
+    found = recall_check(
+        memo, "loss_choice", rows, facts, lambda: vars(_compare_on_first_batch(module, rows, num_items_in_batch))
+    )
+    return LossChoice(**found)
 
 
-def _check_returns_loss(module: ModuleWithLoss, batch: dict) -> None:
+def recall_check(memo, check: str, rows: dict, facts: dict, compute):
+    return compute() if memo is None else memo.recall(check, rows, facts, compute)
+
+
+def _check_returns_loss(module: ModuleWithLoss, rows: dict) -> dict:
     """Raise the Trainer's error for a model that returns no loss, before ORT exports it."""
-    rows = first_rows_of(batch, PROBE_MIN_ROWS)
     with side_effect_free(module.model):
         model_loss(module.model(**rows), rows)
+    return {"returns_loss": True}
 
 
 def _not_a_standard_head(module: ModuleWithLoss, labels) -> str | None:
@@ -70,8 +88,8 @@ def _not_a_standard_head(module: ModuleWithLoss, labels) -> str | None:
     return None
 
 
-def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_batch) -> LossChoice:
-    rows = _rows_with_labels(batch, module)
+def _compare_on_first_batch(module: ModuleWithLoss, rows: dict, num_items_in_batch) -> LossChoice:
+    rows = dict(rows)
     labels = rows.pop("labels")
     count = int((module.token_labels(labels) != IGNORE_INDEX).sum())
     probe_items = None
@@ -102,6 +120,11 @@ def _compare_on_first_batch(module: ModuleWithLoss, batch: dict, num_items_in_ba
         f"cross-entropy of its logits ({(summed / count).item():.6g}): it weights, adds "
         "to or normalises it differently",
     )
+
+
+def _two_classes(rows: dict, module: ModuleWithLoss) -> bool:
+    labels = module.token_labels(rows["labels"])
+    return labels[labels != IGNORE_INDEX].unique().numel() >= 2
 
 
 def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:

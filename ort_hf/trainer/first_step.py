@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ..engine import SPARSITY_THRESHOLD
+from ..engine import SPARSITY_THRESHOLD, first_batch_memo
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
@@ -34,7 +34,9 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
     if not isinstance(module, ModuleWithLoss):
         return {}  # TRL's fused head: its statistics are computed in the graph, on the used rows only
     labels = inputs.get("labels")
-    choice = choose_loss(module, inputs, num_items_in_batch)
+    # With the export cache, the first-batch checks' outcomes are recorded there for later runs.
+    memo = first_batch_memo(args.ort_export_cache_dir, module.model, args.ort_export_cache_shared)
+    choice = choose_loss(module, inputs, num_items_in_batch, memo)
     module.use(choice)
     if labels is not None:
         module.first_label_density = module.label_density(labels)
@@ -52,7 +54,7 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
         density = module.first_label_density
         module.loss_in_graph = args.ort_enable_label_sparsity and density < SPARSITY_THRESHOLD
         if not module.loss_in_graph:
-            _place_dense_loss(module, inputs, density, args, pythonop)
+            _place_dense_loss(module, inputs, density, args, pythonop, memo)
     return {
         "ort/loss_in_graph": float(module.loss_in_graph),
         "ort/model_loss": float(module.loss_kind != CROSS_ENTROPY),
@@ -60,11 +62,13 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
     }
 
 
-def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool) -> None:
+def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool, memo) -> None:
     """Dense labels: the causal LM's head and loss fused in the graph where that is exact, else the loss
     in PyTorch from ORT's logits."""
     refusal = (
-        chunked_head_refusal(module, inputs, pythonop) if args.ort_chunked_lm_loss else "--ort_chunked_lm_loss is off"
+        chunked_head_refusal(module, inputs, pythonop, memo)
+        if args.ort_chunked_lm_loss
+        else "--ort_chunked_lm_loss is off"
     )
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True

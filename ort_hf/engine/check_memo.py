@@ -1,0 +1,143 @@
+"""First-batch checks remembered across runs, in the export cache folder (``--ort_export_cache_dir``).
+
+Before its first export ORTTrainer runs PyTorch forwards on the first batch's first rows to decide
+what ORT exports: whether ModuleWithLoss's cross-entropy is the model's loss (``loss_choice``), and
+whether a causal LM's logits are its head's projection (``chunked_head``). On an export-cache hit
+those forwards are most of what the first step still pays in PyTorch.
+
+Those two checks run only on transformers heads whose ``forward`` and loss are transformers' own (a
+model anything else touches keeps its own loss; the one check it gets, that it returns a loss at
+all, only turns a later failure into an early, clear one). So their outcome is fixed by the code,
+the configuration, the module tree, the dtypes and autocast, the Trainer's loss settings and the
+layout of the rows checked: all of these, with the versions, make the digest an outcome is recorded
+under (a JSON file per check, hashed in the folder's manifest, ``trust``). A later run with the same
+digest takes the recorded outcome and runs no forward; anything else, or a file that is not the one
+recorded, runs the check. An outcome that raised is never recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from . import trust
+
+logger = logging.getLogger(__name__)
+
+FOLDER = "first-batch-checks"
+
+
+class CheckMemo:
+    """Recorded outcomes of the first-batch checks on ``model``, in ``folder``."""
+
+    def __init__(self, folder: Path, model):
+        self.folder = folder
+        self.model = model
+        self._model_digest: str | None = None
+
+    def recall(self, check: str, rows: dict, facts: dict, compute: Callable[[], dict]) -> dict:
+        """The outcome of ``check`` on ``rows`` (the batch rows it runs on) given ``facts`` (the
+        caller's settings that decide it): the recorded one, else ``compute()``'s, then recorded."""
+        path = self.folder / f"{check}-{self._digest(check, rows, facts)}.json"
+        if path.exists() and trust.verified(path):
+            try:
+                outcome = json.loads(path.read_text())
+            except (OSError, ValueError):
+                outcome = None
+            if isinstance(outcome, dict):
+                logger.info("ort_hf: first-batch check %s: the outcome recorded in %s (no forward run).", check, path)
+                return outcome
+        outcome = compute()
+        self._record(path, outcome)
+        return outcome
+
+    def _digest(self, check: str, rows: dict, facts: dict) -> str:
+        if self._model_digest is None:
+            from .export_cache import _hf_config, _source_digest, _versions
+
+            model = self.model
+            described = {
+                "versions": _versions(),
+                "source": _source_digest(model),
+                "checks": _checks_source(),
+                "config": _hf_config(model),
+                "module": repr(model),
+                "training": model.training,
+            }
+            self._model_digest = _sha(described)
+        from .export_cache import _precision
+
+        layout = {k: [str(getattr(v, "dtype", type(v).__name__)), getattr(v, "ndim", None)] for k, v in rows.items()}
+        return _sha(
+            {
+                "model": self._model_digest,
+                "precision": _precision(self.model),
+                "check": check,
+                "rows": layout,
+                "row_count": _row_count(rows),
+                "facts": facts,
+            }
+        )[:20]
+
+    def _record(self, path: Path, outcome: dict) -> None:
+        try:
+            import filelock
+
+            with filelock.FileLock(str(self.folder / ".lock")):
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(outcome, sort_keys=True))
+                os.replace(tmp, path)
+                trust.record(path)
+        except OSError as exc:
+            logger.info(
+                "ort_hf: could not record the first-batch check in %s (%s); it runs again next time.", path, exc
+            )
+
+
+def first_batch_memo(cache_dir: str | None, model, shared: bool = False) -> CheckMemo | None:
+    """The memo in the export cache folder ``cache_dir`` (None without one, or when it cannot be
+    used: the checks then run, as without the cache)."""
+    if not cache_dir:
+        return None
+    root = Path(os.path.abspath(cache_dir))
+    root = trust.trusted_dir(
+        root,
+        "ORT's export cache",
+        "--ort_export_cache_dir (or --ort_export_cache_shared for a cache shared with a group on purpose)",
+        shared_below=root if shared else None,
+    )
+    folder = Path(root) / FOLDER
+    try:
+        if shared:
+            folder.mkdir(mode=0o770, parents=True, exist_ok=True)
+        else:
+            trust.private_dir(folder)
+    except OSError:
+        return None
+    return CheckMemo(folder, model)
+
+
+def _checks_source() -> str:
+    """The checks' own code (``ort_hf.module_with_loss``): a changed check decides anew."""
+    import ort_hf.module_with_loss as checks
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(checks.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _row_count(rows: dict) -> int | None:
+    for value in rows.values():
+        if getattr(value, "ndim", 0):
+            return int(value.shape[0])
+    return None
+
+
+def _sha(described: dict) -> str:
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
