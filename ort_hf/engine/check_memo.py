@@ -41,18 +41,26 @@ class CheckMemo:
 
     def recall(self, check: str, rows: dict, facts: dict, compute: Callable[[], dict]) -> dict:
         """The outcome of ``check`` on ``rows`` (the batch rows it runs on) given ``facts`` (the
-        caller's settings that decide it): the recorded one, else ``compute()``'s, then recorded."""
+        caller's settings that decide it): the recorded one, else ``compute()``'s, then recorded.
+
+        The check's forward may set fields of the model's config, as a first forward does
+        (``problem_type``, in transformers' classifiers); those are recorded with the outcome and
+        set again when it is taken, so the run saves the config the Trainer would."""
         path = self.folder / f"{check}-{self._digest(check, rows, facts)}.json"
-        if path.exists() and trust.verified(path):
-            try:
-                outcome = json.loads(path.read_text())
-            except (OSError, ValueError):
-                outcome = None
-            if isinstance(outcome, dict):
-                logger.info("ort_hf: first-batch check %s: the outcome recorded in %s (no forward run).", check, path)
-                return outcome
+        recorded = _read(path)
+        if recorded is not None:
+            from .export_cache import hf_config_of
+
+            config = hf_config_of(self.model)
+            for name, value in recorded["config_changes"].items():
+                setattr(config, name, value)
+            logger.info("ort_hf: first-batch check %s: the outcome recorded in %s (no forward run).", check, path)
+            return recorded["outcome"]
+        before = _config_fields(self.model)
         outcome = compute()
-        self._record(path, outcome)
+        after = _config_fields(self.model)
+        changes = {k: v for k, v in after.items() if k not in before or before[k] != v}
+        self._record(path, {"outcome": outcome, "config_changes": changes})
         return outcome
 
     def _digest(self, check: str, rows: dict, facts: dict) -> str:
@@ -83,13 +91,13 @@ class CheckMemo:
             }
         )[:20]
 
-    def _record(self, path: Path, outcome: dict) -> None:
+    def _record(self, path: Path, recorded: dict) -> None:
         try:
             import filelock
 
             with filelock.FileLock(str(self.folder / ".lock")):
                 tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(outcome, sort_keys=True))
+                tmp.write_text(json.dumps(recorded, sort_keys=True))
                 os.replace(tmp, path)
                 trust.record(path)
         except OSError as exc:
@@ -119,6 +127,29 @@ def first_batch_memo(cache_dir: str | None, model, shared: bool = False) -> Chec
     except OSError:
         return None
     return CheckMemo(folder, model)
+
+
+def _read(path: Path) -> dict | None:
+    """The record in ``path`` if it is the file recorded and reads as one, else None."""
+    if not (path.exists() and trust.verified(path)):
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(recorded, dict) and isinstance(recorded.get("outcome"), dict)
+    return recorded if ok and isinstance(recorded.get("config_changes"), dict) else None
+
+
+def _config_fields(model) -> dict:
+    """The config's fields whose values JSON keeps as they are."""
+    from .export_cache import hf_config_of
+
+    config = hf_config_of(model)
+    if config is None:
+        return {}
+    kept = (str, int, float, bool, type(None))
+    return {k: v for k, v in vars(config).items() if not k.startswith("_") and isinstance(v, kept)}
 
 
 def _checks_source() -> str:

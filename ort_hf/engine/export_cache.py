@@ -80,12 +80,20 @@ def _source_digest(module) -> str:
     return digest.hexdigest()
 
 
-def _hf_config(module) -> str | None:
+def hf_config_of(module):
+    """The Hugging Face config of the first submodule that has one, or None."""
     for sub in module.modules():
         config = getattr(sub, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
-            return config.to_json_string(use_diff=False) + str(getattr(config, "_attn_implementation", None))
+            return config
     return None
+
+
+def _hf_config(module) -> str | None:
+    config = hf_config_of(module)
+    if config is None:
+        return None
+    return config.to_json_string(use_diff=False) + str(getattr(config, "_attn_implementation", None))
 
 
 def _precision(module) -> dict:

@@ -3,6 +3,7 @@ in a later run only when everything that decides them is the same, and only as r
 
 import json
 
+import pytest
 import torch
 from tiny_models import FAMILIES, build, make_batch, tiny_args
 
@@ -82,7 +83,8 @@ def test_an_outcome_that_is_not_the_file_recorded_is_not_taken(tmp_path):
     choice, _, ran = _fresh_choice("bert-cls", tmp_path, batch)
     assert ran >= 1 and choice.kind == "cross_entropy"
     (recorded,) = (tmp_path / "first-batch-checks").glob("loss_choice-*.json")
-    recorded.write_text(json.dumps({"kind": "model", "reason": "planted", "per_num_items": True}))
+    planted = {"kind": "model", "reason": "planted", "per_num_items": True}
+    recorded.write_text(json.dumps({"outcome": planted, "config_changes": {}}))
     choice, _, ran = _fresh_choice("bert-cls", tmp_path, batch)
     assert ran >= 1 and choice.kind == "cross_entropy" and choice.reason is None
 
@@ -103,17 +105,33 @@ def test_a_check_that_raises_records_nothing(tmp_path):
     assert not list((tmp_path / "first-batch-checks").glob("returns_loss-*.json"))
 
 
-def test_ort_trainer_records_the_checks_in_the_export_cache(tmp_path):
+def test_the_config_fields_a_check_sets_are_set_again(tmp_path):
+    """A classifier's first forward sets ``config.problem_type`` (so the saved config.json says it);
+    a run that takes the recorded outcome sets it too, without the forward."""
+    batch = _batch("cls")
+    for expected_forwards in (1, 0):
+        model = build(FAMILIES["bert-cls"])
+        model.config.problem_type = None
+        calls = _counted(model)
+        choose_loss(ModuleWithLoss(model), batch, None, first_batch_memo(str(tmp_path), model))
+        assert len(calls) == expected_forwards
+        assert model.config.problem_type == "single_label_classification"
+
+
+@pytest.mark.parametrize("family", ["llama-clm", "bert-cls"])
+def test_ort_trainer_records_the_checks_in_the_export_cache(tmp_path, family):
     """End to end: ORTTrainer with --ort_export_cache_dir; the second run in the same folder loads the
-    graph and the checks' outcomes, so the model's PyTorch forward never runs."""
-    from tiny_models import id_dataset
+    graph and the checks' outcomes, so the model's PyTorch forward never runs, and it trains and
+    configures the model as the first."""
+    from tiny_models import id_dataset, rule_labels
 
     from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
-    data = id_dataset(8, labels=lambda ids, gen: ids)
-    losses, forwards = [], []
+    data = id_dataset(8, labels=(lambda ids, gen: ids) if family == "llama-clm" else rule_labels)
+    logs, forwards, configs = [], [], []
     for run in range(2):
-        model = build(FAMILIES["llama-clm"])
+        model = build(FAMILIES[family])
+        model.config.problem_type = None
         calls = _counted(model)
         args = tiny_args(
             ORTTrainingArguments,
@@ -124,7 +142,10 @@ def test_ort_trainer_records_the_checks_in_the_export_cache(tmp_path):
         )
         trainer = ORTTrainer(model=model, args=args, train_dataset=data)
         trainer.train()
-        losses.append([e["loss"] for e in trainer.state.log_history if "loss" in e])
+        logs.append([e for e in trainer.state.log_history if "loss" in e])
         forwards.append(len(calls))
+        configs.append(model.config.to_dict())
     assert forwards[0] >= 2 and forwards[1] == 0, forwards  # the loss check and the export's trace, then none
-    assert losses[0] == losses[1]
+    assert logs[0][0]["ort/export_s"] > 0 and logs[1][0]["ort/export_s"] == 0  # the second loads the graph
+    assert [e["loss"] for e in logs[0]] == [e["loss"] for e in logs[1]]
+    assert configs[0] == configs[1]
