@@ -25,6 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import trust
+from .export_cache import (
+    _hf_config,
+    _precision,
+    _source_digest,
+    _versions,
+    config_changes,
+    config_fields,
+    set_config_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,24 +58,16 @@ class CheckMemo:
         path = self.folder / f"{check}-{self._digest(check, rows, facts)}.json"
         recorded = _read(path)
         if recorded is not None:
-            from .export_cache import hf_config_of
-
-            config = hf_config_of(self.model)
-            for name, value in recorded["config_changes"].items():
-                setattr(config, name, value)
+            set_config_fields(self.model, recorded["config_changes"])
             logger.info("ort_hf: first-batch check %s: the outcome recorded in %s (no forward run).", check, path)
             return recorded["outcome"]
-        before = _config_fields(self.model)
+        before = config_fields(self.model)
         outcome = compute()
-        after = _config_fields(self.model)
-        changes = {k: v for k, v in after.items() if k not in before or before[k] != v}
-        self._record(path, {"outcome": outcome, "config_changes": changes})
+        self._record(path, {"outcome": outcome, "config_changes": config_changes(before, self.model)})
         return outcome
 
     def _digest(self, check: str, rows: dict, facts: dict) -> str:
         if self._model_digest is None:
-            from .export_cache import _hf_config, _source_digest, _versions
-
             model = self.model
             described = {
                 "versions": _versions(),
@@ -77,8 +78,6 @@ class CheckMemo:
                 "training": model.training,
             }
             self._model_digest = _sha(described)
-        from .export_cache import _precision
-
         layout = {k: [str(getattr(v, "dtype", type(v).__name__)), getattr(v, "ndim", None)] for k, v in rows.items()}
         return _sha(
             {
@@ -139,17 +138,6 @@ def _read(path: Path) -> dict | None:
         return None
     ok = isinstance(recorded, dict) and isinstance(recorded.get("outcome"), dict)
     return recorded if ok and isinstance(recorded.get("config_changes"), dict) else None
-
-
-def _config_fields(model) -> dict:
-    """The config's fields whose values JSON keeps as they are."""
-    from .export_cache import hf_config_of
-
-    config = hf_config_of(model)
-    if config is None:
-        return {}
-    kept = (str, int, float, bool, type(None))
-    return {k: v for k, v in vars(config).items() if not k.startswith("_") and isinstance(v, kept)}
 
 
 def _checks_source() -> str:

@@ -24,7 +24,8 @@ it whenever that file exists. As shipped that is unsafe in five ways, each handl
 
 On a hit ORT still runs its output-structure pass (a whole PyTorch forward) to learn the outputs'
 structure; the entry keeps that structure beside the graph (``output_schema``), and a hit whose
-kept structure checks out loads both and runs no forward.
+kept structure checks out loads both and runs no forward. The config fields the export's forward
+set are kept too (``_store_config``) and set on such a hit.
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def hf_config_of(module):
         if config is not None and hasattr(config, "to_json_string"):
             return config
     return None
+
+
+def config_fields(module) -> dict:
+    """The fields of ``module``'s HF config that JSON keeps as they are (a forward may set some:
+    transformers' classifiers set ``problem_type`` on their first)."""
+    config = hf_config_of(module)
+    if config is None:
+        return {}
+    kept = (str, int, float, bool, type(None))
+    return {k: v for k, v in vars(config).items() if not k.startswith("_") and isinstance(v, kept)}
+
+
+def config_changes(before: dict, module) -> dict:
+    """The config fields of ``module`` that differ from ``before`` (:func:`config_fields`)."""
+    return {k: v for k, v in config_fields(module).items() if k not in before or before[k] != v}
+
+
+def set_config_fields(module, changes: dict) -> None:
+    config = hf_config_of(module)
+    for name, value in changes.items():
+        setattr(config, name, value)
 
 
 def _hf_config(module) -> str | None:
@@ -213,19 +235,24 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict, label_spar
     hit = graph.exists()
     schema_file = graph.with_suffix(".schema.json")
     functions_file = graph.with_suffix(".functions.json")
+    config_file = graph.with_suffix(".config.json")
+    module = kwargs["flattened_module"]
     if hit:
-        restored, stale = _restore(graph, schema_file, functions_file)
+        restored, stale = _restore(graph, schema_file, functions_file, config_file)
         if restored is not None:
+            set_config_fields(module, restored[2])  # what the export's forward set (see _store_config)
+            restored = restored[:2]
             if label_sparsity:
                 record = ACTIVE_EXPORT_RECORD.get()
                 python_op_cache.note_label_flags(kwargs["flattened_module"], record and record.runtime_inspector)
             return restored
         if stale:  # ORT's own loading of the file would miss what its PythonOps need: export again
             logger.info("ort_hf: exporting again, not loading %s: %s.", graph, stale)
-            for path in (graph, schema_file, functions_file):
+            for path in (graph, schema_file, functions_file, config_file):
                 trust.forget(path)
             complete.unlink(missing_ok=True)
             hit = False
+    before = config_fields(module)
     try:
         result = original(**{**kwargs, "ortmodule_cache_dir": str(entry)})
     except Exception as exc:
@@ -255,6 +282,7 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict, label_spar
                     trust.record(functions_file)
                 trust.record(graph)
                 _store_schema(schema_file, result[1])
+                _store_config(config_file, config_changes(before, module))
                 complete.touch()
         except OSError as exc:
             graph.unlink(missing_ok=True)
@@ -262,6 +290,7 @@ def _export_into(entry: Path, original, kwargs: dict, uncached: dict, label_spar
     else:  # a hit whose kept schema was missing or not usable: keep the one ORT's pass just produced
         try:
             _store_schema(schema_file, result[1])
+            _store_config(config_file, config_changes(before, module))
         except OSError:
             pass  # the next hit runs ORT's output-structure pass, as this one did
     return result
@@ -280,12 +309,21 @@ def _store_schema(schema_file: Path, schema) -> None:
     trust.record(schema_file)
 
 
-def _restore(graph: Path, schema_file: Path, functions_file: Path):
-    """``(the cached graph and the output schema kept beside it, None)``, as ORT's
-    ``_get_exported_model`` returns them, without its output-structure pass (a PyTorch forward);
-    ``(None, None)`` when the schema is missing, not the file recorded, unreadable or does not place
-    one tensor per graph output (ORT's own loading then runs the pass); ``(None, why)`` when a graph
-    with PythonOps cannot be restored (``python_op_cache``), so must be exported again."""
+def _store_config(config_file: Path, changes: dict) -> None:
+    """Keep the config fields the export's PyTorch forward set (transformers' classifiers set
+    ``problem_type`` on their first forward): a hit runs no forward, and sets them from here, so
+    the run saves the config a run without the cache would."""
+    config_file.write_text(json.dumps(changes, sort_keys=True))
+    trust.record(config_file)
+
+
+def _restore(graph: Path, schema_file: Path, functions_file: Path, config_file: Path):
+    """``(the cached graph, the output schema kept beside it, the config fields to set), None)``,
+    the first two as ORT's ``_get_exported_model`` returns them, without its output-structure pass
+    (a PyTorch forward); ``(None, None)`` when the schema or the config record is missing, not the
+    file recorded, unreadable or (the schema) does not place one tensor per graph output (ORT's own
+    loading then runs the pass); ``(None, why)`` when a graph with PythonOps cannot be restored
+    (``python_op_cache``), so must be exported again."""
     import onnx
 
     from . import output_schema
@@ -314,4 +352,10 @@ def _restore(graph: Path, schema_file: Path, functions_file: Path):
     if output_schema.tensor_count(schema) != len(model.graph.output):
         logger.info("ort_hf: the output schema in %s does not match its graph's outputs", schema_file)
         return None, "its output schema does not match it" if python_ops else None
-    return (model, schema), None
+    try:
+        changes = json.loads(config_file.read_text()) if trust.verified(config_file) else None
+    except (OSError, ValueError):
+        changes = None
+    if not isinstance(changes, dict):
+        return None, "its config record is missing" if python_ops else None
+    return (model, schema, changes), None

@@ -150,6 +150,8 @@ def main(cache_dir: str, kind: str) -> None:
                 "structure_passes": len(passes),
                 "shape_inferences": len(inferences),
                 "label_sparsity": bool(wrapped.label_sparsity_fired()),
+                # A classifier's first forward sets it; a hit runs no forward (the entry keeps it).
+                "problem_type": getattr(getattr(model, "config", None), "problem_type", None),
                 "python_ops": sum(n.op_type == "PythonOp" for n in wrapped.training_graph().graph.node),
                 # What ORT's banner reports as label sparsity (module: density), from its runtime inspector.
                 "label_flags_noted": wrapped._training_manager()._runtime_inspector._sceloss_module_to_ignore_density_map,

@@ -180,6 +180,8 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     assert hit["export_count"] == 0 and hit["structure_passes"] == 0
     assert hit["out_type"] == first["out_type"] == "SequenceClassifierOutput"
     assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
+    # the config field the export's forward set is set on a hit too (the entry's config record)
+    assert hit["problem_type"] == first["problem_type"] == "single_label_classification"
 
     # ORT's shape inference ran once, its result (after ort_hf's repairs) kept beside the graph.
     (processed,) = _processed(tmp_path)
