@@ -60,6 +60,7 @@ def choose_loss(module: ModuleWithLoss, batch: dict, num_items_in_batch=None, me
 
 
 def recall_check(memo, check: str, rows: dict, facts: dict, compute):
+    """``compute()``, or without running it the outcome ``memo`` recorded for the same check."""
     return compute() if memo is None else memo.recall(check, rows, facts, compute)
 
 
