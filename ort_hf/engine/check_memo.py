@@ -26,13 +26,13 @@ from pathlib import Path
 
 from . import trust
 from .export_cache import (
-    _hf_config,
-    _precision,
-    _source_digest,
-    _versions,
     config_changes,
     config_fields,
+    config_json,
+    precision_facts,
     set_config_fields,
+    source_digest,
+    versions,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,10 +70,10 @@ class CheckMemo:
         if self._model_digest is None:
             model = self.model
             described = {
-                "versions": _versions(),
-                "source": _source_digest(model),
+                "versions": versions(),
+                "source": source_digest(model),
                 "checks": _checks_source(),
-                "config": _hf_config(model),
+                "config": config_json(model),
                 "module": repr(model),
                 "training": model.training,
             }
@@ -82,7 +82,7 @@ class CheckMemo:
         return _sha(
             {
                 "model": self._model_digest,
-                "precision": _precision(self.model),
+                "precision": precision_facts(self.model),
                 "check": check,
                 "rows": layout,
                 "row_count": _row_count(rows),

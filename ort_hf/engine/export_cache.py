@@ -52,7 +52,7 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _versions() -> dict:
+def versions() -> dict:
     from importlib import metadata
 
     found = {}
@@ -64,7 +64,7 @@ def _versions() -> dict:
     return found
 
 
-def _source_digest(module) -> str:
+def source_digest(module) -> str:
     """Digest of the source files of every module class in the tree, and of our symbolics."""
     from . import compat, symbolics
 
@@ -111,14 +111,14 @@ def set_config_fields(module, changes: dict) -> None:
         setattr(config, name, value)
 
 
-def _hf_config(module) -> str | None:
+def config_json(module) -> str | None:
     config = hf_config_of(module)
     if config is None:
         return None
     return config.to_json_string(use_diff=False) + str(getattr(config, "_attn_implementation", None))
 
 
-def _precision(module) -> dict:
+def precision_facts(module) -> dict:
     """The dtypes of the module's parameters and buffers, and the autocast in force (the export runs
     under the caller's): an fp32 graph is never reused for an fp16, bf16 or autocast run."""
     import torch
@@ -140,11 +140,11 @@ def entry_key(flattened_module, model_info, inputs, settings: dict) -> str:
         for t in inputs
     ]
     described = {
-        "versions": _versions(),
+        "versions": versions(),
         "module": repr(flattened_module),
-        "config": _hf_config(flattened_module),
-        "source": _source_digest(flattened_module),
-        "precision": _precision(flattened_module),
+        "config": config_json(flattened_module),
+        "source": source_digest(flattened_module),
+        "precision": precision_facts(flattened_module),
         "inputs": tensors,
         "input_names": list(model_info.onnx_graph_input_names),
         "require_grad": list(model_info.onnx_graph_input_names_require_grad),
