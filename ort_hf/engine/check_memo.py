@@ -32,6 +32,8 @@ from .export_cache import (
     precision_facts,
     set_config_fields,
     source_digest,
+    subfolder,
+    trusted_root,
     versions,
 )
 
@@ -110,19 +112,8 @@ def first_batch_memo(cache_dir: str | None, model, shared: bool = False) -> Chec
     used: the checks then run, as without the cache)."""
     if not cache_dir:
         return None
-    root = Path(os.path.abspath(cache_dir))
-    root = trust.trusted_dir(
-        root,
-        "ORT's export cache",
-        "--ort_export_cache_dir (or --ort_export_cache_shared for a cache shared with a group on purpose)",
-        shared_below=root if shared else None,
-    )
-    folder = Path(root) / FOLDER
     try:
-        if shared:
-            folder.mkdir(mode=0o770, parents=True, exist_ok=True)
-        else:
-            trust.private_dir(folder)
+        folder = subfolder(trusted_root(cache_dir, shared) / FOLDER, shared)
     except OSError:
         return None
     return CheckMemo(folder, model)

@@ -167,6 +167,28 @@ def _has_python_op(model) -> bool:
     return any(node.op_type == "PythonOp" for node in model.graph.node)
 
 
+def trusted_root(root, shared: bool) -> Path:
+    """The export cache folder ``root`` if ``trust`` accepts it (``shared``: a cache shared with a
+    group on purpose, ``--ort_export_cache_shared``), else a private folder in its place."""
+    return Path(
+        trust.trusted_dir(
+            Path(root),
+            "ORT's export cache",
+            "--ort_export_cache_dir (or --ort_export_cache_shared for a cache shared with a group on purpose)",
+            shared_below=Path(os.path.abspath(root)) if shared else None,
+        )
+    )
+
+
+def subfolder(folder: Path, shared: bool) -> Path:
+    """``folder`` below the cache root, created group-writable in a shared cache, else private."""
+    if shared:
+        folder.mkdir(mode=0o770, parents=True, exist_ok=True)
+    else:
+        trust.private_dir(folder)
+    return folder
+
+
 def cached_export(original, **kwargs):
     """Call ORT's ``_get_exported_model`` (``original``) with the cache made safe (see above)."""
     root = kwargs.get("ortmodule_cache_dir")
@@ -183,23 +205,15 @@ def cached_export(original, **kwargs):
     }
     # Whether ORT's export hook may flag sparse labels (compat._bridge_sparsity_switches).
     settings["label_sparsity"] = record.enable_label_sparsity if record is not None else None
-    shared = Path(os.path.abspath(root)) if record is not None and record.export_cache_shared else None
-    root = trust.trusted_dir(
-        Path(root),
-        "ORT's export cache",
-        "--ort_export_cache_dir (or --ort_export_cache_shared for a cache shared with a group on purpose)",
-        shared_below=shared,
-    )
+    shared = record is not None and record.export_cache_shared
+    root = trusted_root(root, shared)
     try:
         import filelock
 
-        entry = Path(root) / entry_key(
-            module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"], settings
+        entry = subfolder(
+            root / entry_key(module, kwargs["model_info_for_export"], kwargs["flatten_module_inputs"], settings),
+            shared,
         )
-        if shared:
-            entry.mkdir(mode=0o770, parents=True, exist_ok=True)
-        else:
-            trust.private_dir(entry)
         lock = filelock.FileLock(str(entry / ".lock"))
         lock.acquire()
     except OSError as exc:

@@ -123,9 +123,13 @@ def _compare_on_first_batch(module: ModuleWithLoss, rows: dict, num_items_in_bat
     )
 
 
-def _two_classes(rows: dict, module: ModuleWithLoss) -> bool:
+def _used_labels(rows: dict, module: ModuleWithLoss) -> torch.Tensor:
     labels = module.token_labels(rows["labels"])
-    return labels[labels != IGNORE_INDEX].unique().numel() >= 2
+    return labels[labels != IGNORE_INDEX]
+
+
+def _two_classes(rows: dict, module: ModuleWithLoss) -> bool:
+    return _used_labels(rows, module).unique().numel() >= 2
 
 
 def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
@@ -135,8 +139,6 @@ def _rows_with_labels(batch: dict, module: ModuleWithLoss) -> dict:
     label."""
     for rows in range(PROBE_MIN_ROWS, PROBE_ROWS + 1):
         cut = first_rows_of(batch, rows)
-        labels = module.token_labels(cut["labels"])
-        used = labels[labels != IGNORE_INDEX]
-        if used.unique().numel() >= 2 or rows == PROBE_ROWS and used.numel():
+        if _two_classes(cut, module) or rows == PROBE_ROWS and _used_labels(cut, module).numel():
             return cut
     return dict(batch)
