@@ -26,6 +26,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
 - ``LayerNormalizationGrad``, ``SimplifiedLayerNormalizationGrad`` (RMSNorm), ``SoftmaxGrad_13`` and
   ``ReluGrad`` run on PyTorch's kernels or ort_hf's (``cpu_grad_swaps.py`` has them and their
   figures).
+- The ``Gemm`` and ``Transpose`` that give a vocabulary-sized weight's gradient run as PyTorch's
+  matrix product (``cpu_weight_grad.py`` has why and its figures); it runs first, so that the
+  ``Gemm`` correction below does not take that Gemm.
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
   (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
@@ -66,6 +69,7 @@ import math
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
+from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
 
@@ -514,8 +518,19 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
     """ORT's hook: the swaps of the wrapped model whose graph ORT built (none for a graph of a model
     ort_hf did not wrap, or one whose parameters are not on the CPU, whatever device ORT assumed)."""
     record = ACTIVE_EXPORT_RECORD.get()
-    if record is not None:
-        record.swapped = swap_kernels(graph, record.kernel_swaps) if record.device_type == "cpu" else {}
+    if record is None:
+        return
+    swapped: dict[str, int] = {}
+    if record.device_type == "cpu":
+        if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
+            import torch
+
+            # ORT builds the graph outside its runs, where PyTorch has the process's own thread count.
+            moved = swap_weight_grads(graph, torch.get_num_threads())  # before the Gemm correction below
+            if moved:
+                swapped["Gemm (weight gradient)"] = moved
+        swapped.update(swap_kernels(graph, record.kernel_swaps))
+    record.swapped = swapped
 
 
 def release_kernel_buffers() -> None:

@@ -206,6 +206,12 @@ class ORTOptions:
         "vectorised threshold_backward; exact, less CPU time alone, off by default until it is "
         "shown faster in training (engine/cpu_grad_swaps.py).",
     )
+    cpu_weight_grad_swap: bool = _opt(
+        True,
+        "CPU: compute the gradient of a vocabulary-sized linear weight (a causal LM's head) with "
+        "PyTorch's matrix product instead of ORT's slower Gemm on that shape; same sums "
+        "(engine/cpu_weight_grad.py).",
+    )
     cpu_cross_entropy_swap: bool = _opt(
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "

@@ -12,6 +12,7 @@ SWITCHES = {
     "relu_grad": "cpu_relu_grad_swap",
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
+    "weight_grad": "cpu_weight_grad_swap",
 }
 CORRECTIONS = frozenset({"conv_grad", "gemm"})
 ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS

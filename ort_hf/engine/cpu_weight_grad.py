@@ -1,0 +1,102 @@
+"""The gradient of a vocabulary-sized linear weight (a causal LM's head, untied or tied to the
+embeddings) computed by PyTorch's matrix product instead of ORT's CPU Gemm.
+
+ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
+``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
+session fuses the two into one Gemm of ``dY^T X``. For a weight of a vocabulary's rows that one
+Gemm is the costliest node of a dense-label causal LM's step after the head's forward, and MLAS
+runs that shape (tens of thousands of output rows, a sum over a few thousand token rows, a few
+hundred columns) at about 70 GFLOP/s on a 2-core AMD EPYC (AVX2), where PyTorch's ``mm`` (MKL)
+runs it at 90-120: 1.3x to 1.7x less time. For a layer's own weights (at most a few thousand
+rows) neither wins throughout, so those stay ORT's. ``scripts/weight_grad_microbench.py`` measures
+both on the shapes of the bench's and other models (its output:
+``docs/results/kernel-profiles/<cpu>/weight-grad.json``).
+
+The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
+``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
+for its duration. Only a float32 gradient of at least :data:`VOCAB_ROWS` rows, a Gemm without
+``C`` and with ``alpha`` 1, read by that Transpose alone. Behind
+``ORTOptions.cpu_weight_grad_swap``.
+"""
+
+from __future__ import annotations
+
+from onnx import GraphProto, TensorProto, helper
+
+# Rows of the weights whose gradient moves to PyTorch: a vocabulary, not a layer's width.
+VOCAB_ROWS = 8192
+OPERATOR = "ort_hf::weight_grad"
+
+
+def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
+    """Element type and static dims (0 where unknown) of every value ``graph`` declares."""
+    return {
+        v.name: (v.type.tensor_type.elem_type, [d.dim_value for d in v.type.tensor_type.shape.dim])
+        for v in (*graph.value_info, *graph.output)
+    }
+
+
+def _weight_grad_pair(node, readers: dict, shapes: dict):
+    """The Transpose that makes ``node`` (a Gemm) a vocabulary-sized weight's float32 gradient, else None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if (
+        node.op_type != "Gemm"
+        or node.domain not in ("", "ai.onnx")
+        or len([name for name in node.input if name]) != 2
+        or attrs.get("transA", 0) != 1
+        or attrs.get("transB", 0) != 0
+        or float(attrs.get("alpha", 1.0)) != 1.0
+    ):
+        return None
+    users = readers.get(node.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Transpose" or users[0].domain not in ("", "ai.onnx"):
+        return None
+    transpose = users[0]
+    perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
+    elem_type, dims = shapes.get(transpose.output[0], (0, []))
+    if perm != [[1, 0]] or elem_type != TensorProto.FLOAT or len(dims) != 2 or dims[0] < VOCAB_ROWS:
+        return None
+    return transpose
+
+
+def swap_weight_grads(graph: GraphProto, threads: int) -> int:
+    """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
+    ``threads``: PyTorch's thread count for the products."""
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    shapes = _static_shapes(graph)
+    replaced: dict[int, object] = {}
+    dropped: set[int] = set()
+    threads_name = f"ort_hf/weight_grad_threads_{threads}"
+    for node in graph.node:
+        transpose = _weight_grad_pair(node, readers, shapes)
+        if transpose is None:
+            continue
+        x, dy = node.input[:2]
+        replaced[id(node)] = helper.make_node(
+            "ATen",
+            [dy, x, threads_name],
+            list(transpose.output),
+            name=f"{node.name or node.output[0]}/{OPERATOR.replace('::', '_')}",
+            domain="org.pytorch.aten",
+            operator=OPERATOR,
+            overload_name="",
+        )
+        dropped.add(id(transpose))
+    if not replaced:
+        return 0
+    nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            [threads_name],
+            name=threads_name,
+            value=helper.make_tensor(threads_name, TensorProto.INT64, [], [threads]),
+        )
+    ]
+    nodes += [replaced.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)

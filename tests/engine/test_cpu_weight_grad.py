@@ -1,0 +1,113 @@
+"""engine/cpu_weight_grad.py: a vocabulary-sized weight's gradient (ORT's Gemm then Transpose) runs
+as PyTorch's matrix product with ORT's values, over no rows as zeros; what it does not take stays
+ORT's; tiny causal LMs with such a head (untied Llama, tied GPT-2) train through ORT with it
+swapped, the same loss and gradients as in PyTorch."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+from tiny_models import FAMILIES, make_batch
+
+from ort_hf.engine import ORTOptions, wrap_model
+from ort_hf.engine.cpu_weight_grad import OPERATOR, VOCAB_ROWS, swap_weight_grads
+from ort_hf.module_with_loss import ModuleWithLoss
+
+HIDDEN = 8
+
+
+def _model(out_rows: int, c_input: bool = False, alpha: float = 1.0, also_read: bool = False, dtype=TensorProto.FLOAT):
+    """x (rows, HIDDEN), dy (rows, out_rows) -> Gemm(x, dy, transA=1) -> Transpose -> dw (out_rows, HIDDEN)."""
+    inputs = ["x", "dy"] + (["c"] if c_input else [])
+    nodes = [
+        helper.make_node("Gemm", inputs, ["dw_t"], name="grad/Gemm", transA=1, alpha=alpha),
+        helper.make_node("Transpose", ["dw_t"], ["dw"], name="grad/Transpose", perm=[1, 0]),
+    ]
+    outputs = [helper.make_tensor_value_info("dw", dtype, [out_rows, HIDDEN])]
+    if also_read:
+        nodes.append(helper.make_node("Identity", ["dw_t"], ["dw_t_copy"]))
+        outputs.append(helper.make_tensor_value_info("dw_t_copy", dtype, [HIDDEN, out_rows]))
+    graph_inputs = [
+        helper.make_tensor_value_info("x", dtype, ["rows", HIDDEN]),
+        helper.make_tensor_value_info("dy", dtype, ["rows", out_rows]),
+    ]
+    if c_input:
+        graph_inputs.append(helper.make_tensor_value_info("c", dtype, [HIDDEN, out_rows]))
+    graph = helper.make_graph(nodes, "g", graph_inputs, outputs)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("org.pytorch.aten", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("rows", [37, 0])
+def test_a_vocabulary_sized_weight_gradient_runs_on_pytorchs_product(aten_nodes_run, rows):
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((rows, HIDDEN)).astype(np.float32),
+        "dy": rng.standard_normal((rows, VOCAB_ROWS)).astype(np.float32),
+    }
+    model = _model(VOCAB_ROWS)
+    truth = feeds["dy"].astype(np.float64).T @ feeds["x"].astype(np.float64)
+    if rows:
+        expected = _run(model, feeds)[0]
+        np.testing.assert_allclose(expected, truth, rtol=1e-5, atol=1e-5)
+    assert swap_weight_grads(model.graph, threads=2) == 1
+    assert [n.op_type for n in model.graph.node] == ["Constant", "ATen"]
+    got = _run(model, feeds)[0]
+    assert got.shape == (VOCAB_ROWS, HIDDEN)
+    np.testing.assert_allclose(got, truth, rtol=1e-5, atol=1e-5)  # ORT's Gemm refuses an empty sum; zeros here
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"out_rows": VOCAB_ROWS - 1},  # a layer's weight: ORT's Gemm is as fast there
+        {"out_rows": VOCAB_ROWS, "c_input": True},
+        {"out_rows": VOCAB_ROWS, "alpha": 0.5},
+        {"out_rows": VOCAB_ROWS, "also_read": True},  # the untransposed sum is read too
+        {"out_rows": VOCAB_ROWS, "dtype": TensorProto.DOUBLE},
+    ],
+    ids=["layer-sized", "with-c", "alpha", "read-twice", "float64"],
+)
+def test_what_it_does_not_take_stays_with_ort(kwargs):
+    model = _model(**kwargs)
+    before = [n.op_type for n in model.graph.node]
+    assert swap_weight_grads(model.graph, threads=2) == 0
+    assert [n.op_type for n in model.graph.node] == before
+
+
+def _vocab_sized(family: str):
+    spec = FAMILIES[family]
+    config = spec.make_config(0.0, "eager")
+    config.vocab_size = VOCAB_ROWS
+    torch.manual_seed(0)
+    return spec.model_cls(config).train()
+
+
+@pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm"])
+@pytest.mark.parametrize("switch", [True, False], ids=["swapped", "switched-off"])
+def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switch):
+    model = _vocab_sized(family)
+    reference = copy.deepcopy(model)
+    options = ORTOptions(fallback="disable", log_level="ERROR", cpu_weight_grad_swap=switch)
+    engine = wrap_model(ModuleWithLoss(model), options)
+    batch = make_batch("clm", torch.Generator().manual_seed(1))
+    own = reference(**batch).loss
+    own.backward()
+    got = engine(**batch)["loss"]
+    got.backward()
+    assert engine.engine_status().backend == "ort"
+    torch.testing.assert_close(got.detach(), own.detach(), rtol=1e-5, atol=1e-6)
+    for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    graph = engine.training_graph().graph
+    operators = [a.s for n in graph.node if n.op_type == "ATen" for a in n.attribute if a.name == "operator"]
+    assert operators.count(OPERATOR.encode()) == int(switch)
+    assert engine._record.swapped.get("Gemm (weight gradient)", 0) == int(switch)
