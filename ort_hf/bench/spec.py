@@ -86,6 +86,7 @@ class Variant:
     paddings: tuple[str, ...] = ("none", "max_length", "dynamic")  # the workload paddings it applies to
     default: bool = True  # part of a plain `ort-hf bench`
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
+    cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
 
 
 VARIANTS = {
@@ -135,6 +136,15 @@ VARIANTS = {
             "ORTTrainer with ORT's own CPU dropout kernels "
             "(ort_cpu_dropout_kernels=False): what ort_hf's dropout kernels save",
             cpu_dropout_kernels=False,
+            default=False,
+        ),
+        Variant(
+            "ort-ort-weight-grad",
+            True,
+            "ORTTrainer with ORT's own Gemm for a vocabulary-sized weight's gradient "
+            "(ort_cpu_weight_grad_swap=False): what computing it with PyTorch's mm saves",
+            cpu_weight_grad_swap=False,
+            tasks=("clm", "lora"),
             default=False,
         ),
         Variant(

@@ -114,6 +114,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             torch_compile=variant.torch_compile,
             ort_memory_opt_level=variant.memory_opt_level,
             ort_cpu_dropout_kernels=variant.cpu_dropout_kernels,
+            ort_cpu_weight_grad_swap=variant.cpu_weight_grad_swap,
             ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
             ort_intra_op_threads=settings.threads,  # ORT's pool would otherwise take every core

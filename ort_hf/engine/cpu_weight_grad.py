@@ -4,13 +4,13 @@ embeddings) computed by PyTorch's matrix product instead of ORT's CPU Gemm.
 ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
 ``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
 session fuses the two into one Gemm of ``dY^T X``. For a weight of a vocabulary's rows that one
-Gemm is the costliest node of a dense-label causal LM's step after the head's forward, and MLAS
-runs that shape (tens of thousands of output rows, a sum over a few thousand token rows, a few
-hundred columns) at about 70 GFLOP/s on a 2-core AMD EPYC (AVX2), where PyTorch's ``mm`` (MKL)
-runs it at 90-120: 1.3x to 1.7x less time. For a layer's own weights (at most a few thousand
-rows) neither wins throughout, so those stay ORT's. ``scripts/weight_grad_microbench.py`` measures
-both on the shapes of the bench's and other models (its output:
-``docs/results/kernel-profiles/<cpu>/weight-grad.json``).
+Gemm is the costliest node of a dense-label causal LM's step after the head's forward: MLAS
+runs it at 74-108 GFLOP/s on a 2-core AMD EPYC (AVX2), PyTorch's ``mm`` (MKL) at 89-151, in 1.0x
+to 1.8x less time, on the vocabulary-sized shapes of ``scripts/weight_grad_microbench.py`` (its
+output: ``docs/results/kernel-profiles/<cpu>/weight-grad.json``). For a layer's own weights (a few
+thousand rows at most) that run favours ``mm`` by 1.0x to 1.3x, but an earlier one of the same
+shapes favoured ORT on the smaller ones, and routing the layers' linears to PyTorch was no faster in
+training ("What we tried", ``docs/benchmarks.md``): those stay ORT's.
 
 The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
 ``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph

@@ -1,8 +1,7 @@
-// The gradient of a vocabulary-sized linear weight, dY^T X (engine/cpu_weight_grad.py): ORT's CPU
-// Gemm (MLAS) runs it at about 70 GFLOP/s where PyTorch's at::mm (MKL) runs it at 90-120 on the
-// machines measured. ORT's graph gives PyTorch one thread (ORTOptions.torch_threads_in_graph);
-// this product takes `threads` (PyTorch's count outside the graph) for its duration, as the fused
-// LM head does.
+// The gradient of a vocabulary-sized linear weight, dY^T X: ORT's CPU Gemm (MLAS) is slower than
+// PyTorch's at::mm (MKL) on that shape (engine/cpu_weight_grad.py has the figures). ORT's graph
+// gives PyTorch one thread (ORTOptions.torch_threads_in_graph); this product takes `threads`
+// (PyTorch's count outside the graph) for its duration, as the fused LM head does.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
