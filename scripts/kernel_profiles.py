@@ -9,6 +9,8 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
     python scripts/kernel_profiles.py llama bert t5 --out_dir docs/results/kernel-profiles/<cpu key> [--tag after]
     python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap \\
         cpu_relu_grad_swap
+    python scripts/kernel_profiles.py --model_dir /tmp/heldout/llama-6x384-v32k --shape 4 512 \\
+        --out_dir docs/results/kernel-profiles/<cpu key>   # a causal LM's folder (scripts/heldout_models.py)
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
@@ -126,16 +128,22 @@ def _model(family: str):
     return specs[family]
 
 
-def _train(family: str, profile_dir: str, off: list[str]) -> None:
-    """One profiled run (in its own process)."""
+def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None = None, shape=None) -> None:
+    """One profiled run (in its own process); ``model_dir``: a causal LM's folder instead of a family."""
     import torch
 
     from ort_hf import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainingArguments
 
-    task, cls, config = _model(family)
-    torch.manual_seed(0)
-    model = cls(config)
-    batch, seq = (8, 256) if task == "clm" else (16, 128)
+    if model_dir:
+        import transformers as tf
+
+        model = tf.AutoModelForCausalLM.from_pretrained(model_dir)
+        task, config = "clm", model.config
+    else:
+        task, cls, config = _model(family)
+        torch.manual_seed(0)
+        model = cls(config)
+    batch, seq = shape or ((8, 256) if task == "clm" else (16, 128))
     g = torch.Generator().manual_seed(0)
     rows = []
     for _ in range(batch * 5):
@@ -188,7 +196,9 @@ def summary(profile: Path, top: int = 25) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("families", nargs="+", choices=FAMILIES)
+    parser.add_argument("families", nargs="*", choices=FAMILIES)
+    parser.add_argument("--model_dir", help="profile this causal LM's folder (named after it) instead of families")
+    parser.add_argument("--shape", type=int, nargs=2, metavar=("BATCH", "SEQ"), help="default 8 256 (clm), 16 128")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--tag", default="after")
     parser.add_argument("--off", nargs="*", default=[], help="ORTOptions switches to turn off (the 'before' runs)")
@@ -196,14 +206,19 @@ def main() -> None:
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
     if args._run:
-        _train(args.families[0], args._run, args.off)
+        _train(args.families[0] if args.families else "", args._run, args.off, args.model_dir, args.shape)
         return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for family in args.families:
+    extra = (["--model_dir", args.model_dir] if args.model_dir else []) + (
+        ["--shape", *map(str, args.shape)] if args.shape else []
+    )
+    for family in [Path(args.model_dir).name] if args.model_dir else args.families:
         with tempfile.TemporaryDirectory() as tmp:
             profile_dir = str(Path(args.profile_dir) / f"{family}-{args.tag}") if args.profile_dir else tmp
-            cmd = [sys.executable, __file__, family, "--out_dir", str(out), "--_run", profile_dir, "--off", *args.off]
+            families = [] if args.model_dir else [family]
+            cmd = [sys.executable, __file__, *families, "--out_dir", str(out), "--_run", profile_dir, *extra]
+            cmd += ["--off", *args.off]
             subprocess.run(cmd, check=True)
             profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)  # the training session's
             text = summary(profile)
