@@ -196,7 +196,7 @@ def summary(profile: Path, top: int = 25) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("families", nargs="*", choices=FAMILIES)
+    parser.add_argument("families", nargs="*", help=f"from {', '.join(FAMILIES)}")
     parser.add_argument("--model_dir", help="profile this causal LM's folder (named after it) instead of families")
     parser.add_argument("--shape", type=int, nargs=2, metavar=("BATCH", "SEQ"), help="default 8 256 (clm), 16 128")
     parser.add_argument("--out_dir", required=True)
@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument("--profile_dir", help="keep ORT's raw profiles here (default: a temporary folder)")
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
+    unknown = sorted(set(args.families) - set(FAMILIES))
+    if unknown or not (args.families or args.model_dir):
+        parser.error(f"name families from {', '.join(FAMILIES)} (not {unknown}), or --model_dir")
     if args._run:
         _train(args.families[0] if args.families else "", args._run, args.off, args.model_dir, args.shape)
         return
