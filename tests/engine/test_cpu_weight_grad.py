@@ -1,19 +1,17 @@
 """engine/cpu_weight_grad.py: a vocabulary-sized weight's gradient (ORT's Gemm then Transpose) runs
 as PyTorch's matrix product with ORT's values, over no rows as zeros; what it does not take stays
 ORT's; tiny causal LMs with such a head (untied Llama, tied GPT-2) train through ORT with it
-swapped, the same loss and gradients as in PyTorch."""
-
-import copy
+swapped, the same losses and gradients as in PyTorch."""
 
 import numpy as np
 import pytest
 import torch
 from onnx import TensorProto, helper
+from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, make_batch
 
-from ort_hf.engine import ORTOptions, wrap_model
+from ort_hf.engine import ORTOptions
 from ort_hf.engine.cpu_weight_grad import OPERATOR, VOCAB_ROWS, swap_weight_grads
-from ort_hf.module_with_loss import ModuleWithLoss
 
 HIDDEN = 8
 
@@ -94,20 +92,12 @@ def _vocab_sized(family: str):
 @pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm"])
 @pytest.mark.parametrize("switch", [True, False], ids=["swapped", "switched-off"])
 def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switch):
-    model = _vocab_sized(family)
-    reference = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(1)
+    batches = [make_batch("clm", generator) for _ in range(2)]
     options = ORTOptions(fallback="disable", log_level="ERROR", cpu_weight_grad_swap=switch)
-    engine = wrap_model(ModuleWithLoss(model), options)
-    batch = make_batch("clm", torch.Generator().manual_seed(1))
-    own = reference(**batch).loss
-    own.backward()
-    got = engine(**batch)["loss"]
-    got.backward()
-    assert engine.engine_status().backend == "ort"
-    torch.testing.assert_close(got.detach(), own.detach(), rtol=1e-5, atol=1e-6)
-    for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
-        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    graph = engine.training_graph().graph
+    *results, wrapped = run_parity(_vocab_sized(family), batches, options)
+    assert_parity(*results, wrapped, loss_atol=1e-5)
+    graph = wrapped.training_graph().graph
     operators = [a.s for n in graph.node if n.op_type == "ATen" for a in n.attribute if a.name == "operator"]
     assert operators.count(OPERATOR.encode()) == int(switch)
-    assert engine._record.swapped.get("Gemm (weight gradient)", 0) == int(switch)
+    assert wrapped._record.swapped.get("Gemm (weight gradient)", 0) == int(switch)
