@@ -1,6 +1,7 @@
-"""Causal LMs of shapes the bench's own workloads do not have, written as model folders (random
-weights from a seed, the packaged MiniLM's tokenizer) for ``ort-hf bench --workloads clm
---model_dir``: the dense-label causal-LM rows of ``docs/benchmarks.md`` ("Other shapes").
+"""Models of shapes the bench's own workloads do not have, written as model folders (random
+weights from a seed, the packaged MiniLM's tokenizer) for ``ort-hf bench --model_dir``: causal LMs
+for ``--workloads clm`` and a BERT masked LM for ``--workloads mlm,sst2-dynamic`` (its classifier
+gets a new seeded head): the rows of ``docs/benchmarks.md`` ("Other shapes").
 
     python scripts/heldout_models.py --out /tmp/heldout
     ort-hf bench --out docs/results/heldout/llama-6x384-v32k --workloads clm \\
@@ -38,6 +39,10 @@ MODELS = {  # built in this order from one seed
             num_key_value_heads=2,
         ),
     ),
+    "bert-6x512": (
+        "BertConfig",
+        dict(vocab_size=30522, hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8),
+    ),
 }
 
 
@@ -55,7 +60,8 @@ def main() -> None:
     for name, (config_cls, fields) in MODELS.items():
         positions = {} if "n_positions" in fields else {"max_position_embeddings": 1024}
         config = getattr(tf, config_cls)(**fields, **positions, use_cache=False, pad_token_id=0)
-        model = tf.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+        mapping = tf.MODEL_FOR_MASKED_LM_MAPPING if config_cls == "BertConfig" else tf.MODEL_FOR_CAUSAL_LM_MAPPING
+        model = mapping[type(config)](config)
         model.save_pretrained(f"{args.out}/{name}")
         tokenizer.save_pretrained(f"{args.out}/{name}")
         print(f"{args.out}/{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
