@@ -144,7 +144,7 @@ VARIANTS = {
             "ORTTrainer with ORT's own Gemm for a vocabulary-sized weight's gradient "
             "(ort_cpu_weight_grad_swap=False): what computing it with PyTorch's mm saves",
             cpu_weight_grad_swap=False,
-            tasks=("clm", "lora"),
+            tasks=("mlm", "clm", "lora"),
             default=False,
         ),
         Variant(
