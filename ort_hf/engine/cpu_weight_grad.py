@@ -17,6 +17,13 @@ The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/c
 for its duration. Only a float32 gradient of at least :data:`VOCAB_ROWS` rows, a Gemm without
 ``C`` and with ``alpha`` 1, read by that Transpose alone. Behind
 ``ORTOptions.cpu_weight_grad_swap``.
+
+Not in a graph where ORT's label sparsity fired (a ``ShrunkenGather``): there the head's rows are
+the labelled positions only, a sum over a few hundred rows, and on the MiniLM MLM workload the swap
+made ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants ort,ort-ort-weight-grad
+--rounds 2``, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw results in
+``docs/results/mlm-weight-grad/``, whose second eager round ran beside other work and is no
+measurement).
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
 def swap_weight_grads(graph: GraphProto, threads: int) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products."""
+    if any(node.op_type == "ShrunkenGather" for node in graph.node):
+        return 0  # label sparsity: the head sums over the labelled rows only (module docstring)
     readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:

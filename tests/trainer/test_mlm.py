@@ -59,6 +59,8 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
     engine = trainer.ort_engine
     assert engine.engine_status().backend == "ort"
     assert engine.label_sparsity_fired() is True  # read from ORT's graph, not its banner
+    # The tied decoder's gradient sums over the labelled rows only: ORT's Gemm, not PyTorch's mm.
+    assert "Gemm (weight gradient)" not in engine._record.swapped
     # The labels' gather went past the head into the last layer (opset 16 + BiasGelu export):
     # its feed-forward block runs on the labelled tokens only.
     graph = engine.training_graph().graph
@@ -86,6 +88,8 @@ def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
     )
     trainer.train()
     assert trainer.ort_engine.label_sparsity_fired() is False
+    # every row through the vocabulary-sized decoder: its gradient on PyTorch's mm (engine/cpu_weight_grad.py)
+    assert trainer.ort_engine._record.swapped["Gemm (weight gradient)"] == 1
 
 
 def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
