@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
 
+from .session_inspection import label_sparsity_in
+
 # Rows of the weights whose gradient moves to PyTorch: a vocabulary, not a layer's width.
 VOCAB_ROWS = 8192
 OPERATOR = "ort_hf::weight_grad"
@@ -69,7 +71,7 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
 def swap_weight_grads(graph: GraphProto, threads: int) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products."""
-    if any(node.op_type == "ShrunkenGather" for node in graph.node):
+    if label_sparsity_in(graph):
         return 0  # label sparsity: the head sums over the labelled rows only (module docstring)
     readers: dict[str, list] = {}
     for node in graph.node:

@@ -77,9 +77,7 @@ class TrainingSessionInspection:
         """Whether ORT rewrote the loss to run on non-ignored labels only, read from the graph
         (ShrunkenGather before the loss)."""
         graph = self.training_graph()
-        if graph is None:
-            return None
-        return any(node.op_type == "ShrunkenGather" for node in graph.graph.node)
+        return None if graph is None else label_sparsity_in(graph.graph)
 
     def mem_efficient_grad_active(self) -> bool | None:
         """Whether ORT pulls the parameters through its weight-retrieval PythonOps (memory-efficient
@@ -90,3 +88,9 @@ class TrainingSessionInspection:
         return any(
             node.op_type == "PythonOp" and node.name.startswith("weight_retrieval_") for node in graph.graph.node
         )
+
+
+def label_sparsity_in(graph) -> bool:
+    """Whether ORT's label sparsity rewrote ``graph`` (an ONNX GraphProto): a ShrunkenGather before
+    the loss."""
+    return any(node.op_type == "ShrunkenGather" for node in graph.node)
