@@ -43,6 +43,18 @@ MODELS = {  # built in this order from one seed
         "BertConfig",
         dict(vocab_size=30522, hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8),
     ),
+    "smollm-30x576-v49k": (  # SmolLM2-135M's shape: deep and narrow, tied embeddings
+        "LlamaConfig",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 
 

@@ -10,7 +10,7 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
     python scripts/kernel_profiles.py llama --tag before --off cpu_norm_grad_swap cpu_softmax_grad_swap \\
         cpu_relu_grad_swap
     python scripts/kernel_profiles.py --model_dir /tmp/heldout/llama-6x384-v32k --shape 4 512 \\
-        --out_dir docs/results/kernel-profiles/<cpu key>   # a causal LM's folder (scripts/heldout_models.py)
+        --out_dir docs/results/kernel-profiles/<cpu key>   # a causal or masked LM's folder (scripts/heldout_models.py)
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
@@ -129,7 +129,7 @@ def _model(family: str):
 
 
 def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None = None, shape=None) -> None:
-    """One profiled run (in its own process); ``model_dir``: a causal LM's folder instead of a family."""
+    """One profiled run (in its own process); ``model_dir``: a causal or masked LM's folder instead of a family."""
     import torch
 
     from ort_hf import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainingArguments
@@ -137,13 +137,16 @@ def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None 
     if model_dir:
         import transformers as tf
 
-        model = tf.AutoModelForCausalLM.from_pretrained(model_dir)
-        task, config = "clm", model.config
+        config = tf.AutoConfig.from_pretrained(model_dir)
+        masked = any(name.endswith("ForMaskedLM") for name in config.architectures or ())
+        task = "mlm" if masked else "clm"
+        model = (tf.AutoModelForMaskedLM if masked else tf.AutoModelForCausalLM).from_pretrained(model_dir)
     else:
         task, cls, config = _model(family)
         torch.manual_seed(0)
         model = cls(config)
     batch, seq = shape or ((8, 256) if task == "clm" else (16, 128))
+    masked_rows = torch.Generator().manual_seed(1)
     g = torch.Generator().manual_seed(0)
     rows = []
     for _ in range(batch * 5):
@@ -151,6 +154,8 @@ def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None 
         row = {"input_ids": ids, "attention_mask": torch.ones(seq, dtype=torch.long)}
         if task == "clm":
             row["labels"] = ids.clone()
+        elif task == "mlm":  # 15% of positions predicted, as the collator's default
+            row["labels"] = torch.where(torch.rand(seq, generator=masked_rows) < 0.15, ids, -100)
         elif task == "cls":
             row["labels"] = int(torch.randint(0, 2, (1,), generator=g))
         else:
@@ -197,7 +202,9 @@ def summary(profile: Path, top: int = 25) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("families", nargs="*", help=f"from {', '.join(FAMILIES)}")
-    parser.add_argument("--model_dir", help="profile this causal LM's folder (named after it) instead of families")
+    parser.add_argument(
+        "--model_dir", help="profile this causal or masked LM's folder (named after it) instead of families"
+    )
     parser.add_argument("--shape", type=int, nargs=2, metavar=("BATCH", "SEQ"), help="default 8 256 (clm), 16 128")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--tag", default="after")
