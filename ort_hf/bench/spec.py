@@ -87,6 +87,7 @@ class Variant:
     default: bool = True  # part of a plain `ort-hf bench`
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
     cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
+    mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
 
 
 VARIANTS = {
@@ -141,10 +142,16 @@ VARIANTS = {
         Variant(
             "ort-ort-weight-grad",
             True,
-            "ORTTrainer with ORT's own Gemm for a vocabulary-sized weight's gradient "
-            "(ort_cpu_weight_grad_swap=False): what computing it with PyTorch's mm saves",
+            "ORTTrainer with ORT's own Gemm for the linear weights' gradients "
+            "(ort_cpu_weight_grad_swap=False): what computing them with PyTorch's mm saves",
             cpu_weight_grad_swap=False,
-            tasks=("mlm", "clm", "lora"),
+            default=False,
+        ),
+        Variant(
+            "ort-mem-reuse",
+            True,
+            "ORTTrainer with ORT's session reusing activation buffers without recompute (ort_enable_mem_reuse=True)",
+            mem_reuse=True,
             default=False,
         ),
         Variant(
