@@ -1,6 +1,6 @@
 """A linear weight's gradient ``dY^T X`` as ORT's CPU Gemm computes it in a training graph (MLAS,
 2 intra-op threads, no spinning) against ort_hf's ``weight_grad`` (PyTorch's ``mm``, MKL, on the
-process's threads): the evidence for ``engine/cpu_weight_grad.py`` and for its row threshold.
+process's threads): the evidence for ``engine/cpu_weight_grad.py`` and for its size bounds.
 
 Shapes are (token rows, weight rows, weight columns): the layers' projections and the LM heads of
 the bench's workloads and of the held-out models in ``docs/benchmarks.md``. Per call, after two
@@ -36,6 +36,11 @@ SHAPES = (  # (tokens, out, in)
     (2048, 32768, 512),
     (2048, 50257, 384),
     (512, 37984, 512),
+    (1024, 576, 576),  # the SmolLM-shaped held-out model's layers and head (scripts/heldout_models.py)
+    (1024, 192, 576),
+    (1024, 1536, 576),
+    (1024, 576, 1536),
+    (1024, 49152, 576),
 )
 
 

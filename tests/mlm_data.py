@@ -30,16 +30,16 @@ def wikitext_mlm_dataset(shared_data: Path, tokenizer, rows: int = 64, seq: int 
     )
 
 
-def tiny_bert_mlm(vocab_size: int, seed: int = 0):
+def tiny_bert_mlm(vocab_size: int, seed: int = 0, hidden_size: int = 64):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
-        intermediate_size=128,
+        intermediate_size=2 * hidden_size,
         max_position_embeddings=64,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,

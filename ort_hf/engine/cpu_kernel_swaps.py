@@ -26,7 +26,7 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
 - ``LayerNormalizationGrad``, ``SimplifiedLayerNormalizationGrad`` (RMSNorm), ``SoftmaxGrad_13`` and
   ``ReluGrad`` run on PyTorch's kernels or ort_hf's (``cpu_grad_swaps.py`` has them and their
   figures).
-- The ``Gemm`` and ``Transpose`` that give a vocabulary-sized weight's gradient run as PyTorch's
+- The ``Gemm`` and ``Transpose`` that give a linear weight's gradient run as PyTorch's
   matrix product (``cpu_weight_grad.py`` has why and its figures); it runs first, so that the
   ``Gemm`` correction below does not take that Gemm.
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``

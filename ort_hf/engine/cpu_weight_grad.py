@@ -1,29 +1,35 @@
-"""The gradient of a vocabulary-sized linear weight (a causal LM's head, untied or tied to the
-embeddings) computed by PyTorch's matrix product instead of ORT's CPU Gemm.
+"""A linear weight's gradient computed by PyTorch's matrix product instead of ORT's CPU Gemm: the
+layers' projections and a causal LM's head (untied or tied to the embeddings) of a graph where
+ORT's label sparsity did not fire.
 
 ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
 ``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
-session fuses the two into one Gemm of ``dY^T X``. For a weight of a vocabulary's rows that one
-Gemm is the costliest node of a dense-label causal LM's step after the head's forward: MLAS
-runs it at 74-108 GFLOP/s on a 2-core AMD EPYC (AVX2), PyTorch's ``mm`` (MKL) at 89-151, in 1.0x
-to 1.8x less time, on the vocabulary-sized shapes of ``scripts/weight_grad_microbench.py`` (its
-output: ``docs/results/kernel-profiles/<cpu>/weight-grad.json``). For a layer's own weights (a few
-thousand rows at most) that run favours ``mm`` by 1.0x to 1.3x, but an earlier one of the same
-shapes favoured ORT on the smaller ones, and routing the layers' linears to PyTorch was no faster in
-training ("What we tried", ``docs/benchmarks.md``): those stay ORT's.
+session fuses the two into one Gemm of ``dY^T X``. MLAS runs that Gemm more slowly than PyTorch's
+``mm`` (MKL) on a 2-core AMD EPYC (AVX2): on a vocabulary's rows 74-108 GFLOP/s against 89-151, in
+1.0x to 1.8x less time (``scripts/weight_grad_microbench.py``; its output:
+``docs/results/kernel-profiles/<cpu>/weight-grad.json``), and on the layers' shapes of a SmolLM-shaped
+model (576 wide, 1,024 to 2,048 rows) 81-98 against 94-143.
+
+In training, every weight of at least 256 x 256 moved against the head's alone (a bench variant
+patched in for the run: ``docs/results/weight-grad-layers/``, its patch and raw results; ``ort-hf
+bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg --rounds 2 --steps
+10``), ORT's median step: BERT-base 2023 to 1778 ms, the hidden-256 Llama 1812 to 1651, the GPT-2
+shape 2820 to 2730, SST-2 with dynamic padding 303 to 320 (by round 300 to 309 and 330 to 330).
+``mm`` allocates each gradient afresh where ORT's Gemm writes into its arena: BERT-base's peak rose
+from 2585 to 2731 MB.
 
 The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
 ``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
-for its duration. Only a float32 gradient of at least :data:`VOCAB_ROWS` rows, a Gemm without
-``C`` and with ``alpha`` 1, read by that Transpose alone. Behind
-``ORTOptions.cpu_weight_grad_swap``.
+for its duration. Only a float32 gradient of at least :data:`MIN_ROWS` x :data:`MIN_COLS` (so not a
+LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without ``C`` and with
+``alpha`` 1, read by that Transpose alone. Behind ``ORTOptions.cpu_weight_grad_swap``.
 
 Not in a graph where ORT's label sparsity fired (a ``ShrunkenGather``): there the head's rows are
-the labelled positions only, a sum over a few hundred rows, and on the MiniLM MLM workload the swap
-made ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants ort,ort-ort-weight-grad
---rounds 2``, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw results in
-``docs/results/mlm-weight-grad/``, whose second eager round ran beside other work and is no
-measurement).
+the labelled positions only, a sum over a few hundred rows, and on the MiniLM MLM workload moving
+the head's gradient made ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants
+ort,ort-ort-weight-grad --rounds 2``, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw
+results in ``docs/results/mlm-weight-grad/``, whose second eager round ran beside other work and is
+no measurement).
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ from onnx import GraphProto, TensorProto, helper
 
 from .session_inspection import label_sparsity_in
 
-# Rows of the weights whose gradient moves to PyTorch: a vocabulary, not a layer's width.
-VOCAB_ROWS = 8192
+# The smallest weight (out x in) whose gradient moves to PyTorch: a layer's projection, not a
+# LoRA factor of rank below it.
+MIN_ROWS = MIN_COLS = 128
 OPERATOR = "ort_hf::weight_grad"
 
 
@@ -46,7 +53,7 @@ def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
 
 
 def _weight_grad_pair(node, readers: dict, shapes: dict):
-    """The Transpose that makes ``node`` (a Gemm) a vocabulary-sized weight's float32 gradient, else None."""
+    """The Transpose that makes ``node`` (a Gemm) a large enough weight's float32 gradient, else None."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if (
         node.op_type != "Gemm"
@@ -63,7 +70,9 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
     transpose = users[0]
     perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
     elem_type, dims = shapes.get(transpose.output[0], (0, []))
-    if perm != [[1, 0]] or elem_type != TensorProto.FLOAT or len(dims) != 2 or dims[0] < VOCAB_ROWS:
+    if perm != [[1, 0]] or elem_type != TensorProto.FLOAT or len(dims) != 2:
+        return None
+    if dims[0] < MIN_ROWS or dims[1] < MIN_COLS:
         return None
     return transpose
 

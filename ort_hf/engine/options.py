@@ -208,9 +208,9 @@ class ORTOptions:
     )
     cpu_weight_grad_swap: bool = _opt(
         True,
-        "CPU: compute the gradient of a vocabulary-sized linear weight (a causal LM's head, unless "
-        "label sparsity cut its rows) with PyTorch's matrix product instead of ORT's slower Gemm on "
-        "that shape; same sums (engine/cpu_weight_grad.py).",
+        "CPU: compute the gradients of linear weights (the layers' projections and a causal LM's "
+        "head; not where label sparsity cut the head's rows) with PyTorch's matrix product "
+        "instead of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,

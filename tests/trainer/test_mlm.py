@@ -7,6 +7,7 @@ import torch
 from mlm_data import tiny_bert_mlm, wikitext_mlm_dataset
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
+from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
@@ -79,8 +80,9 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
 
 
 def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
+    model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=MIN_COLS)  # its linears wide enough to move
     trainer = ORTTrainer(
-        model=tiny_bert_mlm(tokenizer.vocab_size),
+        model=model,
         args=_args(
             ORTTrainingArguments, tmp_path, max_steps=1, per_device_train_batch_size=8, ort_enable_label_sparsity=False
         ),
@@ -88,8 +90,16 @@ def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
     )
     trainer.train()
     assert trainer.ort_engine.label_sparsity_fired() is False
-    # every row through the vocabulary-sized decoder: its gradient on PyTorch's mm (engine/cpu_weight_grad.py)
-    assert trainer.ort_engine._record.swapped["Gemm (weight gradient)"] == 1
+    # the decoder over every row and the layers: their weights' gradients on PyTorch's mm (engine/cpu_weight_grad.py)
+    linears = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.shape[0] >= MIN_ROWS and m.weight.shape[1] >= MIN_COLS
+    ]
+    assert (
+        len(linears) == 14
+    )  # q, k, v, o and the feed-forward's two in each of 2 layers, the head's transform and decoder
+    assert trainer.ort_engine._record.swapped["Gemm (weight gradient)"] == len(linears)
 
 
 def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):

@@ -1,5 +1,5 @@
-// The gradient of a vocabulary-sized linear weight, dY^T X: ORT's CPU Gemm (MLAS) is slower than
-// PyTorch's at::mm (MKL) on that shape (engine/cpu_weight_grad.py has the figures). ORT's graph
+// The gradient of a linear weight, dY^T X: ORT's CPU Gemm (MLAS) is slower than
+// PyTorch's at::mm (MKL) there (engine/cpu_weight_grad.py has the figures). ORT's graph
 // gives PyTorch one thread (ORTOptions.torch_threads_in_graph); this product takes `threads`
 // (PyTorch's count outside the graph) for its duration, as the fused LM head does.
 
