@@ -1,22 +1,25 @@
 """A linear weight's gradient computed by PyTorch's matrix product instead of ORT's CPU Gemm: the
-layers' projections and a causal LM's head (untied or tied to the embeddings) of a graph where
-ORT's label sparsity did not fire.
+layers' projections and a causal LM's head (untied or tied to the embeddings), except where ORT's
+label sparsity cut the rows it sums over.
 
 ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
 ``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
 session fuses the two into one Gemm of ``dY^T X``. MLAS runs that Gemm more slowly than PyTorch's
-``mm`` (MKL) on a 2-core AMD EPYC (AVX2): on a vocabulary's rows 74-108 GFLOP/s against 89-151, in
-1.0x to 1.8x less time (``scripts/weight_grad_microbench.py``; its output:
-``docs/results/kernel-profiles/<cpu>/weight-grad.json``), and on the layers' shapes of a SmolLM-shaped
-model (576 wide, 1,024 to 2,048 rows) 81-98 against 94-143.
+``mm`` (MKL) on a 2-core AMD EPYC (AVX2) (``scripts/weight_grad_microbench.py``; its output:
+``docs/results/kernel-profiles/<cpu>/weight-grad.json``): on a vocabulary's rows at 88-100 GFLOP/s
+against 104-160, in 1.1x to 1.7x less time; on the layers' shapes of the bench's models and of a
+SmolLM-shaped one at 88-126 against 91-155, in 1.1x to 1.6x less time except on the hidden-256
+Llama's 688 x 256 feed-forward weight, where ORT's takes 4% less.
 
 In training, every weight of at least 256 x 256 moved against the head's alone (a bench variant
 patched in for the run: ``docs/results/weight-grad-layers/``, its patch and raw results; ``ort-hf
 bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg --rounds 2 --steps
 10``), ORT's median step: BERT-base 2023 to 1778 ms, the hidden-256 Llama 1812 to 1651, the GPT-2
 shape 2820 to 2730, SST-2 with dynamic padding 303 to 320 (by round 300 to 309 and 330 to 330).
-``mm`` allocates each gradient afresh where ORT's Gemm writes into its arena: BERT-base's peak rose
-from 2585 to 2731 MB.
+On the SmolLM-shaped model of ``docs/benchmarks.md`` (30 x 576), these bounds against no swap at
+all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. ``mm`` allocates each gradient afresh
+where ORT's Gemm writes into its arena: the peak rose from 2585 to 2731 MB on BERT-base and from
+5777 to 6032 MB on the SmolLM shape.
 
 The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
 ``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
@@ -24,19 +27,18 @@ for its duration. Only a float32 gradient of at least :data:`MIN_ROWS` x :data:`
 LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without ``C`` and with
 ``alpha`` 1, read by that Transpose alone. Behind ``ORTOptions.cpu_weight_grad_swap``.
 
-Not in a graph where ORT's label sparsity fired (a ``ShrunkenGather``): there the head's rows are
-the labelled positions only, a sum over a few hundred rows, and on the MiniLM MLM workload moving
-the head's gradient made ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants
-ort,ort-ort-weight-grad --rounds 2``, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw
+Not a weight whose input rows ORT's label sparsity cut (computed from a ``ShrunkenGather``: the
+head's, and the last layer's where the gather moved into it): there the sum is over the labelled
+positions only, a few hundred rows, and on the MiniLM MLM workload moving the head's gradient made
+ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants ort,ort-ort-weight-grad --rounds
+2`` when the swap took the head alone, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw
 results in ``docs/results/mlm-weight-grad/``, whose second eager round ran beside other work and is
-no measurement).
+no measurement). The other layers' weights of such a graph move.
 """
 
 from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
-
-from .session_inspection import label_sparsity_in
 
 # The smallest weight (out x in) whose gradient moves to PyTorch: a layer's projection, not a
 # LoRA factor of rank below it.
@@ -77,15 +79,27 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
     return transpose
 
 
+def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
+    """The values computed from a ShrunkenGather's output (rows label sparsity cut), empty without one."""
+    found: set[str] = set()
+    todo = [name for node in graph.node if node.op_type == "ShrunkenGather" for name in node.output]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        todo += [out for reader in readers.get(name, []) for out in reader.output if out]
+    return found
+
+
 def swap_weight_grads(graph: GraphProto, threads: int) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products."""
-    if label_sparsity_in(graph):
-        return 0  # label sparsity: the head sums over the labelled rows only (module docstring)
     readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    labelled_rows = _after_label_sparsity(graph, readers)
     shapes = _static_shapes(graph)
     replaced: dict[int, object] = {}
     dropped: set[int] = set()
@@ -95,6 +109,8 @@ def swap_weight_grads(graph: GraphProto, threads: int) -> int:
         if transpose is None:
             continue
         x, dy = node.input[:2]
+        if x in labelled_rows:
+            continue  # a sum over the labelled rows only (module docstring)
         replaced[id(node)] = helper.make_node(
             "ATen",
             [dy, x, threads_name],

@@ -209,8 +209,8 @@ class ORTOptions:
     cpu_weight_grad_swap: bool = _opt(
         True,
         "CPU: compute the gradients of linear weights (the layers' projections and a causal LM's "
-        "head; not where label sparsity cut the head's rows) with PyTorch's matrix product "
-        "instead of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
+        "head; not those whose rows label sparsity cut) with PyTorch's matrix product instead "
+        "of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,

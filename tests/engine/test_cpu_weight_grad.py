@@ -91,12 +91,20 @@ def test_what_it_does_not_take_stays_with_ort(kwargs):
     assert [n.op_type for n in model.graph.node] == before
 
 
-def test_a_graph_where_label_sparsity_fired_stays_with_ort():
+@pytest.mark.parametrize("cut_rows", [True, False], ids=["its-input-rows-cut", "elsewhere"])
+def test_a_weight_whose_rows_label_sparsity_cut_stays_with_ort(cut_rows):
+    """ORT's ShrunkenGather keeps the labelled rows; a weight gradient summing over its output stays
+    ORT's, one over rows it did not cut moves."""
     model = _model(VOCAB_ROWS)
-    model.graph.node.append(helper.make_node("ShrunkenGather", ["dw", "rows"], ["kept"], domain="com.microsoft"))
-    before = [n.op_type for n in model.graph.node]
-    assert swap_weight_grads(model.graph, threads=2) == 0
-    assert [n.op_type for n in model.graph.node] == before
+    graph = model.graph
+    gather = helper.make_node("ShrunkenGather", ["all_x", "kept"], ["x_cut"], domain="com.microsoft")
+    graph.node.insert(0, gather)
+    if cut_rows:  # x is computed from the gather's output
+        graph.node.insert(1, helper.make_node("Identity", ["x_cut"], ["x"]))
+    before = [n.op_type for n in graph.node]
+    assert swap_weight_grads(graph, threads=2) == int(not cut_rows)
+    if cut_rows:
+        assert [n.op_type for n in graph.node] == before
 
 
 def _vocab_sized(family: str):

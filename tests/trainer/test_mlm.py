@@ -7,7 +7,7 @@ import torch
 from mlm_data import tiny_bert_mlm, wikitext_mlm_dataset
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
-from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS
+from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS, OPERATOR
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
@@ -79,27 +79,39 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
     assert len(diffs) == 8 and max(diffs) <= 1e-4 + 1e-9, diffs
 
 
-def test_label_sparsity_off_leaves_graph_alone(dataset, tokenizer, tmp_path):
+@pytest.mark.parametrize("sparsity", [True, False], ids=["label-sparsity", "label-sparsity-off"])
+def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(dataset, tokenizer, tmp_path, sparsity):
     model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=MIN_COLS)  # its linears wide enough to move
     trainer = ORTTrainer(
         model=model,
         args=_args(
-            ORTTrainingArguments, tmp_path, max_steps=1, per_device_train_batch_size=8, ort_enable_label_sparsity=False
+            ORTTrainingArguments,
+            tmp_path,
+            max_steps=1,
+            per_device_train_batch_size=8,
+            ort_enable_label_sparsity=sparsity,
         ),
         train_dataset=dataset,
     )
     trainer.train()
-    assert trainer.ort_engine.label_sparsity_fired() is False
-    # the decoder over every row and the layers: their weights' gradients on PyTorch's mm (engine/cpu_weight_grad.py)
+    engine = trainer.ort_engine
+    assert engine.label_sparsity_fired() is sparsity
     linears = [
-        m
-        for m in model.modules()
+        name
+        for name, m in model.named_modules()
         if isinstance(m, torch.nn.Linear) and m.weight.shape[0] >= MIN_ROWS and m.weight.shape[1] >= MIN_COLS
     ]
     assert (
         len(linears) == 14
-    )  # q, k, v, o and the feed-forward's two in each of 2 layers, the head's transform and decoder
-    assert trainer.ort_engine._record.swapped["Gemm (weight gradient)"] == len(linears)
+    )  # q, k, v, o and the feed-forward's two in each of 2 layers; the head's transform, decoder
+    moved = [n.name for n in engine.training_graph().graph.node if n.name.endswith(OPERATOR.replace("::", "_"))]
+    assert engine._record.swapped.get("Gemm (weight gradient)", 0) == len(moved)
+    assert any("/layer.0/" in name for name in moved)  # the first layer's rows are every token's
+    head = [name for name in moved if "/cls/" in name]
+    # with label sparsity the head sums over the labelled rows only: ORT's Gemm (engine/cpu_weight_grad.py)
+    assert len(head) == (0 if sparsity else 2), moved
+    if not sparsity:
+        assert len(moved) == len(linears)
 
 
 def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
