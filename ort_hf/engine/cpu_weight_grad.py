@@ -17,7 +17,10 @@ bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg -
 10``), ORT's median step: BERT-base 2023 to 1778 ms, the hidden-256 Llama 1812 to 1651, the GPT-2
 shape 2820 to 2730, SST-2 with dynamic padding 303 to 320 (by round 300 to 309 and 330 to 330).
 On the SmolLM-shaped model of ``docs/benchmarks.md`` (30 x 576), these bounds against no swap at
-all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. ``mm`` allocates each gradient afresh
+all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. On the MiniLM MLM workload, where
+label sparsity keeps the head's ORT's, the layers' moved against none (``ort-hf bench --workloads
+mlm --variants ort,ort-ort-weight-grad --rounds 2 --steps 10``; ``docs/results/mlm-weight-grad-layers/``):
+2019 to 1849 ms. ``mm`` allocates each gradient afresh
 where ORT's Gemm writes into its arena: the peak rose from 2585 to 2731 MB on BERT-base and from
 5777 to 6032 MB on the SmolLM shape.
 
