@@ -20,9 +20,8 @@ On the SmolLM-shaped model of ``docs/benchmarks.md`` (30 x 576), these bounds ag
 all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. On the MiniLM MLM workload, where
 label sparsity keeps the head's ORT's, the layers' moved against none (``ort-hf bench --workloads
 mlm --variants ort,ort-ort-weight-grad --rounds 2 --steps 10``; ``docs/results/mlm-weight-grad-layers/``):
-2019 to 1849 ms. ``mm`` allocates each gradient afresh
-where ORT's Gemm writes into its arena: the peak rose from 2585 to 2731 MB on BERT-base and from
-5777 to 6032 MB on the SmolLM shape.
+2019 to 1849 ms. ``mm`` allocates each gradient afresh where ORT's Gemm writes into its arena: the
+peak rose from 2585 to 2731 MB on BERT-base and from 5777 to 6032 MB on the SmolLM shape.
 
 The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
 ``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
@@ -57,6 +56,11 @@ def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
     }
 
 
+def large_enough(rows: int, cols: int) -> bool:
+    """Whether a weight of ``rows`` x ``cols`` (out x in) is large enough for its gradient to move."""
+    return rows >= MIN_ROWS and cols >= MIN_COLS
+
+
 def _weight_grad_pair(node, readers: dict, shapes: dict):
     """The Transpose that makes ``node`` (a Gemm) a large enough weight's float32 gradient, else None."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -77,9 +81,7 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
     elem_type, dims = shapes.get(transpose.output[0], (0, []))
     if perm != [[1, 0]] or elem_type != TensorProto.FLOAT or len(dims) != 2:
         return None
-    if dims[0] < MIN_ROWS or dims[1] < MIN_COLS:
-        return None
-    return transpose
+    return transpose if large_enough(*dims) else None
 
 
 def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:

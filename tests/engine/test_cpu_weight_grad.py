@@ -12,7 +12,7 @@ from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, make_batch
 
 from ort_hf.engine import ORTOptions
-from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS, OPERATOR, swap_weight_grads
+from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS, OPERATOR, large_enough, swap_weight_grads
 
 HIDDEN = MIN_COLS
 VOCAB_ROWS = 8192
@@ -121,10 +121,7 @@ def _vocab_sized(family: str):
 
 
 def _large_enough_linears(model) -> int:
-    return sum(
-        isinstance(m, torch.nn.Linear) and m.weight.shape[0] >= MIN_ROWS and m.weight.shape[1] >= MIN_COLS
-        for m in model.modules()
-    )
+    return sum(isinstance(m, torch.nn.Linear) and large_enough(*m.weight.shape) for m in model.modules())
 
 
 @pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm"])
