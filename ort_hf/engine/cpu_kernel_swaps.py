@@ -526,7 +526,9 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
             import torch
 
             # ORT builds the graph outside its runs, where PyTorch has the process's own thread count.
-            moved = swap_weight_grads(graph, torch.get_num_threads())  # before the Gemm correction below
+            moved = swap_weight_grads(
+                graph, torch.get_num_threads(), record.weight_grad_min_dim
+            )  # before the Gemm correction
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         swapped.update(swap_kernels(graph, record.kernel_swaps))

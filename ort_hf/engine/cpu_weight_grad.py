@@ -4,7 +4,8 @@ label sparsity cut the rows it sums over.
 
 ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
 ``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
-session fuses the two into one Gemm of ``dY^T X``. MLAS runs that Gemm more slowly than PyTorch's
+session fuses the two into one Gemm of ``dY^T X``. A ``Conv1D`` weight (GPT-2's layers: ``X W``, W in
+x out) has the Gemm's product itself as its gradient. MLAS runs that Gemm more slowly than PyTorch's
 ``mm`` (MKL) on a 2-core AMD EPYC (AVX2) (``scripts/weight_grad_microbench.py``; its output:
 ``docs/results/kernel-profiles/<cpu>/weight-grad.json``): on a vocabulary's rows at 88-100 GFLOP/s
 against 104-160, in 1.1x to 1.7x less time; on the layers' shapes of the bench's models and of a
@@ -23,11 +24,12 @@ mlm --variants ort,ort-ort-weight-grad --rounds 2 --steps 10``; ``docs/results/m
 2019 to 1849 ms. ``mm`` allocates each gradient afresh where ORT's Gemm writes into its arena: the
 peak rose from 2585 to 2731 MB on BERT-base and from 5777 to 6032 MB on the SmolLM shape.
 
-The pair becomes one ORT ``ATen`` node running ``ort_hf::weight_grad`` (``csrc/cpu_weight_grad.cpp``:
-``mm(dY.t(), X)``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
-for its duration. Only a float32 gradient of at least :data:`MIN_ROWS` x :data:`MIN_COLS` (so not a
-LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without ``C`` and with
-``alpha`` 1, read by that Transpose alone. Behind ``ORTOptions.cpu_weight_grad_swap``.
+The pair (or the Conv1D's Gemm) becomes one ORT ``ATen`` node running ``ort_hf::weight_grad``
+(``csrc/cpu_weight_grad.cpp``: ``mm(a.t(), b)``, ``dY^T X`` or ``X^T dY``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
+for its duration. Only a float32 gradient of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows
+and columns (:data:`DEFAULT_MIN_DIM`: not a LoRA adapter's rank-sized factor, too small a product to
+gain), a Gemm without ``C`` and with ``alpha`` 1; a Transpose is absorbed where it alone reads the Gemm. Behind
+``ORTOptions.cpu_weight_grad_swap``.
 
 Not a weight whose input rows ORT's label sparsity cut (computed from a ``ShrunkenGather``: the
 head's, and the last layer's where the gather moved into it): there the sum is over the labelled
@@ -42,9 +44,10 @@ from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
 
-# The smallest weight (out x in) whose gradient moves to PyTorch: a layer's projection, not a
-# LoRA factor of rank below it.
-MIN_ROWS = MIN_COLS = 128
+# The smallest rows and columns (out x in) of a weight whose gradient moves to PyTorch by default:
+# a layer's projection, not a LoRA factor of rank below it. The architecture sweep lowers it to 1, so
+# that its tiny models' weights move as real-sized ones would.
+DEFAULT_MIN_DIM = 128
 OPERATOR = "ort_hf::weight_grad"
 
 
@@ -56,13 +59,16 @@ def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
     }
 
 
-def large_enough(rows: int, cols: int) -> bool:
+def large_enough(rows: int, cols: int, min_dim: int = DEFAULT_MIN_DIM) -> bool:
     """Whether a weight of ``rows`` x ``cols`` (out x in) is large enough for its gradient to move."""
-    return rows >= MIN_ROWS and cols >= MIN_COLS
+    return rows >= min_dim and cols >= min_dim
 
 
-def _weight_grad_pair(node, readers: dict, shapes: dict):
-    """The Transpose that makes ``node`` (a Gemm) a large enough weight's float32 gradient, else None."""
+def _weight_grad_product(node, readers: dict, shapes: dict, min_dim: int):
+    """``(a, b, outputs, absorbed)`` where ``node`` (a Gemm ``X^T dY``) computes a large enough
+    float32 weight gradient as ``a^T b`` into ``outputs``, else None. Read by a Transpose alone (an
+    ``nn.Linear`` weight, out x in): ``dY^T X``, the Transpose ``absorbed``; otherwise (a ``Conv1D``
+    weight, in x out, as GPT-2's layers hold theirs): the Gemm's own product, nothing absorbed."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if (
         node.op_type != "Gemm"
@@ -73,15 +79,22 @@ def _weight_grad_pair(node, readers: dict, shapes: dict):
         or float(attrs.get("alpha", 1.0)) != 1.0
     ):
         return None
+    x, dy = node.input[:2]
     users = readers.get(node.output[0], [])
-    if len(users) != 1 or users[0].op_type != "Transpose" or users[0].domain not in ("", "ai.onnx"):
+    perms = [[list(a.ints) for a in u.attribute if a.name == "perm"] for u in users]
+    if (
+        len(users) == 1
+        and users[0].op_type == "Transpose"
+        and users[0].domain in ("", "ai.onnx")
+        and perms == [[[1, 0]]]
+    ):
+        found = (dy, x, list(users[0].output), users[0])
+    else:
+        found = (x, dy, list(node.output), None)
+    elem_type, dims = shapes.get(found[2][0], (0, []))
+    if elem_type != TensorProto.FLOAT or len(dims) != 2 or not large_enough(*dims, min_dim):
         return None
-    transpose = users[0]
-    perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
-    elem_type, dims = shapes.get(transpose.output[0], (0, []))
-    if perm != [[1, 0]] or elem_type != TensorProto.FLOAT or len(dims) != 2:
-        return None
-    return transpose if large_enough(*dims) else None
+    return found
 
 
 def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
@@ -97,9 +110,9 @@ def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
     return found
 
 
-def swap_weight_grads(graph: GraphProto, threads: int) -> int:
+def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = DEFAULT_MIN_DIM) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
-    ``threads``: PyTorch's thread count for the products."""
+    ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s."""
     readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -110,22 +123,21 @@ def swap_weight_grads(graph: GraphProto, threads: int) -> int:
     dropped: set[int] = set()
     threads_name = f"ort_hf/weight_grad_threads_{threads}"
     for node in graph.node:
-        transpose = _weight_grad_pair(node, readers, shapes)
-        if transpose is None:
+        found = _weight_grad_product(node, readers, shapes, min_dim)
+        if found is None or node.input[0] in labelled_rows:  # a sum over the labelled rows only (module docstring)
             continue
-        x, dy = node.input[:2]
-        if x in labelled_rows:
-            continue  # a sum over the labelled rows only (module docstring)
+        a, b, outputs, absorbed = found
         replaced[id(node)] = helper.make_node(
             "ATen",
-            [dy, x, threads_name],
-            list(transpose.output),
+            [a, b, threads_name],
+            outputs,
             name=f"{node.name or node.output[0]}/{OPERATOR.replace('::', '_')}",
             domain="org.pytorch.aten",
             operator=OPERATOR,
             overload_name="",
         )
-        dropped.add(id(transpose))
+        if absorbed is not None:
+            dropped.add(id(absorbed))
     if not replaced:
         return 0
     nodes = [

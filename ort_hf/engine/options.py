@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 from .._field_choices import check_choices
+from .cpu_weight_grad import DEFAULT_MIN_DIM
 
 # ORT 1.19.2 engages label sparsity (and embedding sparsity) only below this share of used
 # positions (runtime_inspector's density check, first batch).
@@ -212,6 +213,11 @@ class ORTOptions:
         "head; not those whose rows label sparsity cut) with PyTorch's matrix product instead "
         "of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
     )
+    cpu_weight_grad_min_dim: int = _opt(
+        DEFAULT_MIN_DIM,
+        "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
+        "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
+    )
     cpu_cross_entropy_swap: bool = _opt(
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "
@@ -246,6 +252,7 @@ class ORTOptions:
         _check_optional_int(
             "intra_op_threads", self.intra_op_threads, 1, "a positive integer or None (ORT's default: one per core)"
         )
+        _check_optional_int("cpu_weight_grad_min_dim", self.cpu_weight_grad_min_dim, 1, "a positive integer")
         _check_optional_int(
             "torch_threads_in_graph",
             self.torch_threads_in_graph,

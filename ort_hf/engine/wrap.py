@@ -47,6 +47,7 @@ class EngineStatus:
     export_count: int
     export_seconds: float
     pythonop: bool
+    swapped: dict[str, int]  # the nodes of the last training graph swapped for ort_hf's kernels, by op type
 
 
 @dataclass
@@ -378,6 +379,7 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             export_count=self._record.export_count,
             export_seconds=self._record.export_seconds,
             pythonop=self._settings.pythonop,
+            swapped=dict(self._record.swapped or {}),
         )
 
 

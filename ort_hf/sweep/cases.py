@@ -36,8 +36,8 @@ TASKS = {
 }
 DEFAULT_TASKS = ("seq-cls", "token-cls", "causal-lm", "masked-lm", "seq2seq-lm", "question-answering")
 
-# Each mode: the ORTTrainingArguments overrides of one ORT run, on top of the shared arguments.
-# ort_fallback="disable" in all of them: a mode that quietly trained in PyTorch would prove nothing.
+# Each mode: the ORTTrainingArguments overrides of one ORT run, on top of the shared arguments and
+# EVERY_MODE's.
 MODES: dict[str, dict] = {
     # What a user gets, with the pre-flight forced on: a class earns the `exact` list (and skips the
     # pre-flight when shipped) only if ORT also matched PyTorch on the pre-flight's copy of another
@@ -46,7 +46,12 @@ MODES: dict[str, dict] = {
     "raw": {"ort_preflight": "never", "ort_trim_padding": False, "ort_eliminate_padding": False},  # the engine alone
     "rewrites": {"ort_preflight": "never", "ort_trim_padding": True, "ort_eliminate_padding": True},  # forced on
 }
-STRICT = {"ort_fallback": "disable"}
+EVERY_MODE = {
+    "ort_fallback": "disable",  # a mode that quietly trained in PyTorch would prove nothing
+    # Every linear weight's gradient moves to PyTorch, as a real-sized model's do (the tiny models'
+    # weights are below the default bound, engine/cpu_weight_grad.py).
+    "ort_cpu_weight_grad_min_dim": 1,
+}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .cases import MODES, SETTINGS, TASKS
+from .cases import EVERY_MODE, MODES, SETTINGS, TASKS
 from .cells import CELLS, EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, engine_exact, rewrites_exact
 from .messages import condense
 from .results import read_results, results_path
@@ -117,6 +117,25 @@ def _rewrites_note(by_task: dict[str, dict]) -> str:
     )
 
 
+def _swaps(results: dict[str, dict[str, dict]]) -> list[str]:
+    """Per mode, how many runs at parity had each of ort_hf's kernel swaps in their training graph,
+    out of the runs at parity that recorded what was swapped."""
+    lines = ["| mode | runs at parity | " + "swapped node | runs with it |", "|---|---:|---|---:|"]
+    for mode in MODES:
+        runs = [
+            r["modes"][mode]
+            for records in results.values()
+            for r in records.values()
+            if r["modes"].get(mode, {}).get("cell") == "parity" and r["modes"][mode].get("swapped") is not None
+        ]
+        counts: dict[str, int] = {}
+        for run in runs:
+            for node in run["swapped"]:
+                counts[node] = counts.get(node, 0) + 1
+        lines += [f"| {mode} | {len(runs)} | {node} | {n} |" for node, n in sorted(counts.items())]
+    return lines
+
+
 def _per_type(results: dict[str, dict[str, dict]]) -> list[str]:
     from .cases import model_types
 
@@ -173,7 +192,9 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             "For every model type of transformers' Auto mappings (one mapping per task), the sweep builds a tiny "
             "model from the type's own default config (sizes shrunk by the table in `ort_hf/sweep/tiny_config.py`, "
             "every dropout 0), and trains it twice from the same weights on the same batches: with `Trainer` and "
-            f'with `ORTTrainer` (`ort_fallback="disable"`). {s.steps} steps of SGD (lr {s.learning_rate}, no '
+            f"with `ORTTrainer` ({', '.join(f'{k}={v!r}' for k, v in EVERY_MODE.items())}: no fallback, and every "
+            "linear weight's gradient on PyTorch's product, as a real-sized model's are). "
+            f"{s.steps} steps of SGD (lr {s.learning_rate}, no "
             f"gradient clipping), batch {s.batch_size}, random rows {s.min_len}-{s.max_len} tokens long, padded on "
             "the right by transformers' own collator for the task (masked LM: the collator's seeded masking, the "
             "same in both runs). Each case runs in its own process with a time limit per run.",
@@ -212,6 +233,13 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             "## Median seconds per case",
             "",
             *_seconds(results),
+            "",
+            "## ort_hf's kernels in the graphs proven",
+            "",
+            "The op types ort_hf swapped for its own kernels in ORT's training graph (`cpu_kernel_swaps`), counted "
+            "over the runs at parity.",
+            "",
+            *_swaps(results),
             "",
             "## Not at parity, and what each waits for",
             "",

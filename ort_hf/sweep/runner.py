@@ -225,7 +225,15 @@ def _case_record(task: str, model_type: str, modes: list[str], reference: dict, 
             "error": run.get("error"),
             **{
                 k: run.get(k)
-                for k in ("backend", "export_s", "wall_s", "grad_rel_error", "worst_param", "worst_param_rel_error")
+                for k in (
+                    "backend",
+                    "export_s",
+                    "swapped",
+                    "wall_s",
+                    "grad_rel_error",
+                    "worst_param",
+                    "worst_param_rel_error",
+                )
             },
         }
     return {

@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cases import MODES, SETTINGS, STRICT, TASKS, Task, model_class_name
+from .cases import EVERY_MODE, MODES, SETTINGS, TASKS, Task, model_class_name
 
 # A tiny config above this still carries a size attribute the rules missed: not trained, said so.
 MAX_PARAMS = 20_000_000
@@ -149,7 +149,7 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
     with tempfile.TemporaryDirectory(prefix="ort-hf-sweep-") as out:
         try:
             args = ORTTrainingArguments(
-                **SETTINGS.training_arguments(out), **STRICT, **MODES[mode], ort_intra_op_threads=1
+                **SETTINGS.training_arguments(out), **EVERY_MODE, **MODES[mode], ort_intra_op_threads=1
             )  # two workers share two cores
             trainer = recording_ort_trainer_class()(
                 model=model,
@@ -173,6 +173,7 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
         "backend": status.backend if status is not None else None,
         "fallback_reason": status.fallback_reason if status is not None else None,
         "export_s": status.export_seconds if status is not None else None,
+        "swapped": status.swapped if status is not None else None,
         "batches_differ_at_step": mismatch,
         **gradient_errors(reference["grads"] or {}, recorder.grads),
         "wall_s": time.perf_counter() - started,

@@ -10,11 +10,12 @@ import torch
 from onnx import TensorProto, helper
 from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, make_batch
+from transformers.pytorch_utils import Conv1D
 
 from ort_hf.engine import ORTOptions
-from ort_hf.engine.cpu_weight_grad import MIN_COLS, MIN_ROWS, OPERATOR, large_enough, swap_weight_grads
+from ort_hf.engine.cpu_weight_grad import DEFAULT_MIN_DIM, OPERATOR, large_enough, swap_weight_grads
 
-HIDDEN = MIN_COLS
+HIDDEN = DEFAULT_MIN_DIM
 VOCAB_ROWS = 8192
 
 
@@ -25,24 +26,29 @@ def _model(
     alpha: float = 1.0,
     also_read: bool = False,
     dtype=TensorProto.FLOAT,
+    transposed: bool = True,
 ):
-    """x (rows, hidden), dy (rows, out_rows) -> Gemm(x, dy, transA=1) -> Transpose -> dw (out_rows, hidden)."""
+    """x (rows, hidden), dy (rows, out_rows) -> Gemm(x, dy, transA=1) -> Transpose -> dw (out_rows, hidden),
+    an nn.Linear weight's gradient; not ``transposed``: the Gemm's dw_t (hidden, out_rows), a Conv1D's."""
     inputs = ["x", "dy"] + (["c"] if c_input else [])
-    nodes = [
-        helper.make_node("Gemm", inputs, ["dw_t"], name="grad/Gemm", transA=1, alpha=alpha),
-        helper.make_node("Transpose", ["dw_t"], ["dw"], name="grad/Transpose", perm=[1, 0]),
-    ]
-    outputs = [helper.make_tensor_value_info("dw", dtype, [out_rows, hidden])]
-    if also_read:
+    nodes = [helper.make_node("Gemm", inputs, ["dw_t"], name="grad/Gemm", transA=1, alpha=alpha)]
+    outputs = []
+    if transposed:
+        nodes.append(helper.make_node("Transpose", ["dw_t"], ["dw"], name="grad/Transpose", perm=[1, 0]))
+        outputs.append(helper.make_tensor_value_info("dw", dtype, [out_rows, hidden]))
+    if also_read or not transposed:
         nodes.append(helper.make_node("Identity", ["dw_t"], ["dw_t_copy"]))
         outputs.append(helper.make_tensor_value_info("dw_t_copy", dtype, [hidden, out_rows]))
+        graph_values = [helper.make_tensor_value_info("dw_t", dtype, [hidden, out_rows])]  # as ORT infers it
+    else:
+        graph_values = []
     graph_inputs = [
         helper.make_tensor_value_info("x", dtype, ["rows", hidden]),
         helper.make_tensor_value_info("dy", dtype, ["rows", out_rows]),
     ]
     if c_input:
         graph_inputs.append(helper.make_tensor_value_info("c", dtype, [hidden, out_rows]))
-    graph = helper.make_graph(nodes, "g", graph_inputs, outputs)
+    graph = helper.make_graph(nodes, "g", graph_inputs, outputs, value_info=graph_values)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("org.pytorch.aten", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
@@ -53,42 +59,59 @@ def _run(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+# The graph's nodes once swapped, by form: the Linear's Gemm and Transpose become one product; the
+# Conv1D's Gemm becomes one; a Gemm whose product is also read untransposed becomes one, its
+# Transpose kept.
+SWAPPED_FORMS = {
+    "linear": ({}, ["Constant", "ATen"]),
+    "conv1d": ({"transposed": False}, ["Constant", "ATen", "Identity"]),
+    "read-twice": ({"also_read": True}, ["Constant", "ATen", "Transpose", "Identity"]),
+}
+
+
+@pytest.mark.parametrize("form", SWAPPED_FORMS)
 @pytest.mark.parametrize("rows", [37, 0])
-def test_a_vocabulary_sized_weight_gradient_runs_on_pytorchs_product(aten_nodes_run, rows):
+def test_a_vocabulary_sized_weight_gradient_runs_on_pytorchs_product(aten_nodes_run, rows, form):
     rng = np.random.default_rng(0)
     feeds = {
         "x": rng.standard_normal((rows, HIDDEN)).astype(np.float32),
         "dy": rng.standard_normal((rows, VOCAB_ROWS)).astype(np.float32),
     }
-    model = _model(VOCAB_ROWS)
-    truth = feeds["dy"].astype(np.float64).T @ feeds["x"].astype(np.float64)
+    kwargs, swapped = SWAPPED_FORMS[form]
+    model = _model(VOCAB_ROWS, **kwargs)
+    truth_t = feeds["x"].astype(np.float64).T @ feeds["dy"].astype(np.float64)  # the Gemm's product, in x out
+    truths = [truth_t.T if o.name == "dw" else truth_t for o in model.graph.output]
     if rows:
-        expected = _run(model, feeds)[0]
-        np.testing.assert_allclose(expected, truth, rtol=1e-5, atol=1e-5)
+        for expected, truth in zip(_run(model, feeds), truths):
+            np.testing.assert_allclose(expected, truth, rtol=1e-5, atol=1e-5)
     assert swap_weight_grads(model.graph, threads=2) == 1
-    assert [n.op_type for n in model.graph.node] == ["Constant", "ATen"]
-    got = _run(model, feeds)[0]
-    assert got.shape == (VOCAB_ROWS, HIDDEN)
-    np.testing.assert_allclose(got, truth, rtol=1e-5, atol=1e-5)  # ORT's Gemm refuses an empty sum; zeros here
+    assert [n.op_type for n in model.graph.node] == swapped
+    for got, truth in zip(_run(model, feeds), truths):
+        assert got.shape == truth.shape
+        np.testing.assert_allclose(got, truth, rtol=1e-5, atol=1e-5)  # ORT's Gemm refuses an empty sum; zeros here
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"out_rows": MIN_ROWS - 1},  # a LoRA factor's rank: too small a product to gain
-        {"out_rows": VOCAB_ROWS, "hidden": MIN_COLS - 1},
+        {"out_rows": DEFAULT_MIN_DIM - 1},  # a LoRA factor's rank: too small a product to gain
+        {"out_rows": VOCAB_ROWS, "hidden": DEFAULT_MIN_DIM - 1},
         {"out_rows": VOCAB_ROWS, "c_input": True},
         {"out_rows": VOCAB_ROWS, "alpha": 0.5},
-        {"out_rows": VOCAB_ROWS, "also_read": True},  # the untransposed sum is read too
         {"out_rows": VOCAB_ROWS, "dtype": TensorProto.DOUBLE},
     ],
-    ids=["few-rows", "few-columns", "with-c", "alpha", "read-twice", "float64"],
+    ids=["few-rows", "few-columns", "with-c", "alpha", "float64"],
 )
 def test_what_it_does_not_take_stays_with_ort(kwargs):
     model = _model(**kwargs)
     before = [n.op_type for n in model.graph.node]
     assert swap_weight_grads(model.graph, threads=2) == 0
     assert [n.op_type for n in model.graph.node] == before
+
+
+def test_a_lower_bound_moves_smaller_weights():
+    model = _model(DEFAULT_MIN_DIM - 1)
+    assert swap_weight_grads(model.graph, threads=2, min_dim=DEFAULT_MIN_DIM - 1) == 1
 
 
 @pytest.mark.parametrize("cut_rows", [True, False], ids=["its-input-rows-cut", "elsewhere"])
@@ -108,32 +131,40 @@ def test_a_weight_whose_rows_label_sparsity_cut_stays_with_ort(cut_rows):
 
 
 def _vocab_sized(family: str):
-    """The family's tiny LM with a vocabulary-sized head, MIN_COLS wide: the head's gradient and the
-    layers' square projections (Llama's q and o; GPT-2's are Conv1D) are large enough to move."""
+    """The family's tiny LM with a vocabulary-sized head, DEFAULT_MIN_DIM wide: the head's gradient and the
+    layers' projections at least that wide both ways (Llama's q and o; all of GPT-2's) are large enough to move."""
     spec = FAMILIES[family]
     config = spec.make_config(0.0, "eager")
     config.vocab_size = VOCAB_ROWS
-    config.hidden_size = MIN_COLS
+    config.hidden_size = DEFAULT_MIN_DIM
     if hasattr(config, "head_dim"):  # Llama's, set from the width it was built with
-        config.head_dim = MIN_COLS // config.num_attention_heads
+        config.head_dim = DEFAULT_MIN_DIM // config.num_attention_heads
     torch.manual_seed(0)
     return spec.model_cls(config).train()
 
 
-def _large_enough_linears(model) -> int:
-    return sum(isinstance(m, torch.nn.Linear) and large_enough(*m.weight.shape) for m in model.modules())
+def _large_enough_linears(model, min_dim: int = DEFAULT_MIN_DIM) -> int:
+    """The model's linear weights (nn.Linear's, out x in, and GPT-2's Conv1D's, in x out) that move."""
+    return sum(
+        isinstance(m, (torch.nn.Linear, Conv1D)) and large_enough(*m.weight.shape, min_dim) for m in model.modules()
+    )
 
 
 @pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm"])
-@pytest.mark.parametrize("switch", [True, False], ids=["swapped", "switched-off"])
-def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switch):
+@pytest.mark.parametrize(
+    "switches",
+    [{}, {"cpu_weight_grad_swap": False}, {"cpu_weight_grad_min_dim": 1}],
+    ids=["swapped", "switched-off", "every-size"],
+)
+def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switches):
     generator = torch.Generator().manual_seed(1)
     batches = [make_batch("clm", generator) for _ in range(2)]
-    options = ORTOptions(fallback="disable", log_level="ERROR", cpu_weight_grad_swap=switch)
+    options = ORTOptions(fallback="disable", log_level="ERROR", **switches)
     model = _vocab_sized(family)
-    large = _large_enough_linears(model)
-    assert large == (5 if family == "llama-clm" else 1)  # the head; Llama's q and o in each of 2 layers
-    moved = large if switch else 0
+    # The head; Llama's q and o in 2 layers, GPT-2's 4 Conv1D; all 7 projections of Llama's layers.
+    assert _large_enough_linears(model) == (5 if family == "llama-clm" else 9)
+    assert _large_enough_linears(model, 1) == (15 if family == "llama-clm" else 9)
+    moved = _large_enough_linears(model, options.cpu_weight_grad_min_dim) if options.cpu_weight_grad_swap else 0
     *results, wrapped = run_parity(model, batches, options)
     assert_parity(*results, wrapped, loss_atol=1e-5)
     graph = wrapped.training_graph().graph

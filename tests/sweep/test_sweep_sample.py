@@ -35,6 +35,7 @@ def test_sample_cases_train_through_ort_at_parity(tmp_path):
             (tmp_path / f"{model_type}.log").read_text()[-3000:],
         )
         assert result["backend"] == "ort" and result["export_s"] > 0  # ORT exported and ran the steps
+        assert result["swapped"].get("Gemm (weight gradient)", 0) >= 1  # the sweep's tiny weights move too
         assert len(result["ort_losses"]) == len(result["trainer_losses"]) == 4
         assert result["max_loss_diff"] <= LOSS_ATOL
         assert result["grad_rel_error"] <= EXACT_GRAD_REL
