@@ -68,6 +68,7 @@ import math
 
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
+from .._onnx_graph import readers_of
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
@@ -220,10 +221,7 @@ def _swappable_dropouts(graph: GraphProto, constants: dict, types: dict) -> dict
     ratio). Each has float32 data, a constant ratio in (0, 1) (at 0 it keeps ORT's
     node and draws nothing), training mode constantly on, and a mask that only ``DropoutGrad``
     nodes of the same ratio and in training mode read (not a graph output: its type changes)."""
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node)
     graph_outputs = {out.name for out in graph.output}
     swappable = {}
     for node in graph.node:

@@ -16,7 +16,10 @@ In training, every weight of at least 256 x 256 moved against the head's alone (
 patched in for the run: ``docs/results/weight-grad-layers/``, its patch and raw results; ``ort-hf
 bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg --rounds 2 --steps
 10``), ORT's median step: BERT-base 2023 to 1778 ms, the hidden-256 Llama 1812 to 1651, the GPT-2
-shape 2820 to 2730, SST-2 with dynamic padding 303 to 320 (by round 300 to 309 and 330 to 330).
+shape 2820 to 2730 (its head alone: its layers' Conv1D weights did not move then), SST-2 with dynamic
+padding 303 to 320 (by round 300 to 309 and 330 to 330). The held-out GPT-2 6 x 384 of
+``docs/benchmarks.md``, head and Conv1D weights moved against no swap (``ort-ort-weight-grad``): 4214
+to 4047 ms (``docs/results/heldout-gpt2-6x384/``).
 On the SmolLM-shaped model of ``docs/benchmarks.md`` (30 x 576), these bounds against no swap at
 all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. On the MiniLM MLM workload, where
 label sparsity keeps the head's ORT's, the layers' moved against none (``ort-hf bench --workloads
@@ -43,6 +46,8 @@ no measurement). The other layers' weights of such a graph move.
 from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
+
+from .._onnx_graph import readers_of
 
 # The smallest rows and columns (out x in) of a weight whose gradient moves to PyTorch by default:
 # a layer's projection, not a LoRA factor of rank below it. The architecture sweep lowers it to 1, so
@@ -113,10 +118,7 @@ def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
 def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = DEFAULT_MIN_DIM) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s."""
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node)
     labelled_rows = _after_label_sparsity(graph, readers)
     shapes = _static_shapes(graph)
     replaced: dict[int, object] = {}

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._onnx_graph import readers_of
+
 _FRAME = re.compile(r"^(?P<path>.+)\((?P<line>\d+)\): (?P<func>\S+)$")
 _TORCH_DIR = str(torch.__path__[0])
 
@@ -222,10 +224,7 @@ _SHAPE_ARITHMETIC = {"Unsqueeze", "Squeeze", "Concat", "Cast", "Gather", "Add", 
 def _diff(a, b) -> LengthReport:
     report = LengthReport(lengths=(0, 0))
     nodes_a, nodes_b = list(a.graph.node), list(b.graph.node)
-    readers: dict[str, list] = {}
-    for node in nodes_a:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(nodes_a)
     matcher = difflib.SequenceMatcher(None, [_key(n) for n in nodes_a], [_key(n) for n in nodes_b], autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":

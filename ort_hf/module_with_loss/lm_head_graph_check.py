@@ -7,6 +7,8 @@ other operand from a ``Gather`` whose indices come from a ``NonZero`` (the used 
 
 from __future__ import annotations
 
+from .._onnx_graph import readers_of
+
 # Ops that pass a tensor through unchanged in content (only its shape or type).
 _PASS_THROUGH = {"Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Transpose", "Flatten"}
 _PROJECTIONS = {"MatMul", "FusedMatMul", "Gemm"}
@@ -22,10 +24,7 @@ def vocab_projections(graph, weight_name: str) -> list[tuple[str, str]]:
     if weight is None:
         raise ValueError(f"{weight_name} is not an input of the training graph")
     producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = readers_of(graph.node)
     weights, found = {weight}, []
     frontier = [weight]
     while frontier:  # the weight as the projections see it (transposed, cast...)
