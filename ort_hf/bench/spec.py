@@ -88,6 +88,8 @@ class Variant:
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
     cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
+    chunked_lm_loss: bool = False  # ORTTrainer's ort_chunked_lm_loss
+    cpu_lm_head_forward_swap: bool = True  # ORTTrainer's ort_cpu_lm_head_forward_swap
 
 
 VARIANTS = {
@@ -145,6 +147,24 @@ VARIANTS = {
             "ORTTrainer with ORT's own Gemm for the linear weights' gradients "
             "(ort_cpu_weight_grad_swap=False): what computing them with PyTorch's mm saves",
             cpu_weight_grad_swap=False,
+            default=False,
+        ),
+        Variant(
+            "ort-chunked",
+            True,
+            "ORTTrainer with the fused chunked LM-head loss (ort_chunked_lm_loss=True), its forward "
+            "product on ORT's MatMul",
+            chunked_lm_loss=True,
+            tasks=("clm",),
+            default=False,
+        ),
+        Variant(
+            "ort-chunked-mm",
+            True,
+            "as ort-chunked with the forward product on PyTorch's mm (ort_cpu_lm_head_forward_swap=False)",
+            chunked_lm_loss=True,
+            cpu_lm_head_forward_swap=False,
+            tasks=("clm",),
             default=False,
         ),
         Variant(

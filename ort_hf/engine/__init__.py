@@ -37,12 +37,14 @@ _LAZY = {
     "find_length_constants": "length_check",
     "loss_as_trainer_returns": "compat",
     "first_batch_memo": "check_memo",
+    "LogitsProduct": "cpu_logits_product",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .check_memo import first_batch_memo
     from .compat import loss_as_trainer_returns
+    from .cpu_logits_product import LogitsProduct
     from .cuda import CudaSetup, cuda_setup, driver_present, gpu_arch_note, provider_library
     from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
     from .export import INFERENCE_OPSET, export_inference_onnx

@@ -218,6 +218,12 @@ class ORTOptions:
         "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
         "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
     )
+    cpu_lm_head_forward_swap: bool = _opt(
+        True,
+        "CPU: run the fused chunked LM head's forward product (--ort_chunked_lm_loss) on ORT's "
+        "MatMul instead of PyTorch's mm, faster on a vocabulary's weight; same products "
+        "(engine/cpu_logits_product.py).",
+    )
     cpu_cross_entropy_swap: bool = _opt(
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "

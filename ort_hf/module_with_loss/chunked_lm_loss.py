@@ -17,7 +17,9 @@ Inside ORT the Function runs as a ``PythonOp`` (ORT's custom autograd, the form 
 sparsity detector takes too): the backbone's forward and backward stay ORT's graph. ORT runs its
 graph with PyTorch on one thread (``ORTOptions.torch_threads_in_graph``: PyTorch's OpenMP workers
 would spin on ORT's cores after every ATen node); the chunks' GEMMs are most of a small LM's step,
-so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration.
+so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration. The chunks'
+forward product ``h @ weight.T`` (no bias) runs on ``PRODUCTS[product]`` where one is named (the
+engine's, on ORT's MatMul: ``engine/cpu_logits_product.py``), else on PyTorch's ``mm``.
 """
 
 from __future__ import annotations
@@ -29,22 +31,26 @@ import torch
 # a 2-core AMD EPYC, chunks of 160 rows left the fused loss no faster than the unchunked one.
 CHUNK_ELEMENTS = 1 << 25
 
+# The chunks' forward products other than mm, ``product(h, weight, out)``, by name: the Function takes
+# the name, a string, which ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
+PRODUCTS: dict = {}
+
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(F.linear(hidden, weight, bias), labels, ignore_index, reduction="sum")``
     for 2-D float32 ``hidden`` (rows, features) and 1-D ``labels``, in row chunks."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, ignore_index: int, threads: int):
+    def forward(ctx, hidden, weight, bias, labels, ignore_index: int, threads: int, product: str | None = None):
         outside = torch.get_num_threads()
         torch.set_num_threads(max(threads, outside))
         try:
-            return ChunkedLinearCrossEntropy._fused(ctx, hidden, weight, bias, labels, ignore_index)
+            return ChunkedLinearCrossEntropy._fused(ctx, hidden, weight, bias, labels, ignore_index, product)
         finally:
             torch.set_num_threads(outside)
 
     @staticmethod
-    def _fused(ctx, hidden, weight, bias, labels, ignore_index: int):
+    def _fused(ctx, hidden, weight, bias, labels, ignore_index: int, product_name):
         rows, vocab = hidden.shape[0], weight.shape[0]
         wants = ctx.needs_input_grad
         grad_hidden = torch.empty_like(hidden) if wants[0] else None
@@ -54,13 +60,16 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         valid = labels != ignore_index
         target = labels.masked_fill(~valid, 0)
         step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+        product = PRODUCTS.get(product_name) if product_name is not None else None
         buffer = hidden.new_empty(min(step, rows), vocab)
         total = hidden.new_zeros(())
         for start in range(0, rows, step):
             end = min(start + step, rows)
             h, t, counted = hidden[start:end], target[start:end], valid[start:end]
             z = buffer[: end - start]
-            if bias is None:
+            if bias is None and product is not None:
+                product(h, weight, z)
+            elif bias is None:
                 torch.mm(h, weight.t(), out=z)
             else:
                 torch.addmm(bias, h, weight.t(), out=z)
@@ -88,7 +97,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved = ctx.saved_tensors
-        return (*(g * grad if has else None for g, has in zip(saved, ctx.has)), None, None, None)
+        return (*(g * grad if has else None for g, has in zip(saved, ctx.has)), None, None, None, None)
 
 
 def chunked_linear_cross_entropy(
@@ -98,7 +107,9 @@ def chunked_linear_cross_entropy(
     labels: torch.Tensor,
     ignore_index: int,
     threads: int = 1,
+    product: str | None = None,
 ) -> torch.Tensor:
     """The summed cross-entropy of ``hidden @ weight.T + bias`` against ``labels`` (2-D hidden,
-    1-D labels), without the full logits; ``threads``: PyTorch's threads for it, at least."""
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, threads)
+    1-D labels), without the full logits; ``threads``: PyTorch's threads for it, at least;
+    ``product``: the name in :data:`PRODUCTS` of the chunks' forward product without bias, if not mm."""
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, threads, product)

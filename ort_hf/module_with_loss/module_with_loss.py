@@ -79,6 +79,7 @@ class ModuleWithLoss(nn.Module):
         self.loss_in_graph = True
         self.chunked_head = False
         self.head_threads = 1  # PyTorch's threads for the fused head (its count outside ORT's graph)
+        self.head_product = None  # the name of the fused head's forward product, if not mm (chunked_lm_loss.PRODUCTS)
         # The first batch's label density, and whether it is low enough for ORT's export hook to
         # flag the labels (ORTTrainer sets both with the loss placement, before ORT exports).
         self.first_label_density = 1.0
@@ -90,6 +91,7 @@ class ModuleWithLoss(nn.Module):
         return (
             f"loss_kind={self.loss_kind}, per_num_items={self.per_num_items}, takes_num_items={self.takes_num_items}, "
             f"loss_in_graph={self.loss_in_graph}, chunked_head={self.chunked_head}, head_threads={self.head_threads}, "
+            f"head_product={self.head_product}, "
             f"shift_labels={self.shift_labels}, label_smoothing={self.label_smoothing}, "
             f"label_flags_expected={self.label_flags_expected}, compute_loss_func={_identity(self.compute_loss_func)}"
         )
@@ -210,7 +212,13 @@ class ModuleWithLoss(nn.Module):
         head = model.get_output_embeddings()
         labels = self.token_labels(labels).to(hidden.device)
         summed = chunked_linear_cross_entropy(
-            hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, labels, IGNORE_INDEX, self.head_threads
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            head.bias,
+            labels,
+            IGNORE_INDEX,
+            self.head_threads,
+            self.head_product,
         )
         return _per_item(summed, labels, num_items_in_batch)
 

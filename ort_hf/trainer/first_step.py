@@ -11,9 +11,10 @@ import os
 
 import torch
 
-from ..engine import SPARSITY_THRESHOLD, first_batch_memo
+from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
+from ..module_with_loss.chunked_lm_loss import PRODUCTS
 from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
 from ..module_with_loss.loss_choice import choose_loss
 from ..module_with_loss.module_with_loss import CROSS_ENTROPY
@@ -73,6 +74,9 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
+        if args.ort_cpu_lm_head_forward_swap and next(module.parameters()).device.type == "cpu":
+            module.head_product = f"ort_matmul_threads_{module.head_threads}"
+            PRODUCTS.setdefault(module.head_product, LogitsProduct(module.head_threads))
         logger.info(
             "ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
             "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",

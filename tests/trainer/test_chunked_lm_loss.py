@@ -8,7 +8,7 @@ import torch
 from tiny_models import FAMILIES, build, id_dataset, make_batch, tiny_args
 from transformers import Trainer, TrainingArguments
 
-from ort_hf.engine import ORTOptions, wrap_model
+from ort_hf.engine import LogitsProduct, ORTOptions, wrap_model
 from ort_hf.module_with_loss import ModuleWithLoss, chunked_lm_loss
 from ort_hf.module_with_loss.chunked_head import fused_in_graph
 from ort_hf.module_with_loss.chunked_lm_loss import chunked_linear_cross_entropy
@@ -23,8 +23,12 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked_lm_loss, "CHUNK_ELEMENTS", 300)
 
 
+@pytest.mark.parametrize("product", [None, "ort"], ids=["mm", "ort-matmul"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, with_bias):
+def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, monkeypatch, with_bias, product):
+    """The forward product on PyTorch's mm, or (no bias) on the engine's ORT session."""
+    ort_product = LogitsProduct(threads=2)
+    monkeypatch.setitem(chunked_lm_loss.PRODUCTS, "ort", ort_product)
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(20, 8, generator=g, requires_grad=True)
     weight = torch.randn(100, 8, generator=g, requires_grad=True)
@@ -34,7 +38,7 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     results = []
     for fused in (False, True):
         if fused:
-            loss = chunked_linear_cross_entropy(hidden, weight, bias, labels, -100)
+            loss = chunked_linear_cross_entropy(hidden, weight, bias, labels, -100, product=product)
         else:
             logits = torch.nn.functional.linear(hidden, weight, bias)
             loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
@@ -46,6 +50,7 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     for ref, got in zip(*results):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert results[1][1][[0, 7, 19]].abs().max() == 0  # ignored rows get no gradient
+    assert bool(ort_product._sessions) == (product == "ort" and not with_bias)  # its session ran the chunks
 
 
 @pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
@@ -105,6 +110,8 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
     assert logged["ort/chunked_lm_loss"] == 1.0 and logged["ort/loss_in_graph"] == 1.0
     assert fused_in_graph(trainer.ort_engine.training_graph())
     assert trainer.ort_engine.label_sparsity_fired() is False
+    head_product = chunked_lm_loss.PRODUCTS[trainer.ort_engine.module.head_product]
+    assert head_product._sessions  # the chunks' forward products ran on ORT's MatMul (the default on CPU)
     assert len(losses) == 4 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-5
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")

@@ -1,0 +1,85 @@
+"""The fused chunked LM head's forward product ``X W^T`` (``module_with_loss/chunked_lm_loss.py``) on
+ORT's CPU MatMul (MLAS) instead of PyTorch's ``mm`` (MKL), which runs a vocabulary's transposed weight
+more slowly.
+
+On a 2-core AMD EPYC (AVX2), ``scripts/weight_grad_microbench.py --products forward-and-input-grad``
+(``docs/results/kernel-profiles/amd-epyc-avx2-2cpu/forward-and-input-grad.json``) timed the forward
+product over 2,048 rows: at GPT-2's 50,257 x 384 ORT's took 833 ms against ``mm``'s 1,002, at
+50,257 x 256 437 against 735, at 49,152 x 576 433 against 562, at 32,768 x 512 500 against 670, at
+32,000 x 384 457 against 485. The other two products of the head (the gradients of the hidden states
+and of the weight) stay on ``mm``: ORT's are no faster there.
+
+One ORT inference session per weight shape (``MatMul(x, Transpose(w))``, which ORT fuses into one
+``FusedMatMul``), its inputs and output bound to the tensors' own memory (no copy), ``threads`` intra-op
+threads that do not spin. It runs inside ORT's ``PythonOp`` of the fused loss, while the training
+session's own pool waits. A tensor it cannot take as it is (not float32 on the CPU, not contiguous)
+goes to ``mm``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class LogitsProduct:
+    """``product(h, weight, out)``: ``out = h @ weight.T`` for 2-D float32 CPU tensors."""
+
+    def __init__(self, threads: int):
+        self.threads = max(1, threads)
+        self._sessions: dict[tuple[int, int], object] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+        tensors = (h, weight, out)
+        if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+            torch.mm(h, weight.t(), out=out)
+            return
+        if h.shape[0] == 0:
+            return
+        import numpy as np
+
+        session = self._session(*_dims(weight))
+        binding = session.io_binding()
+        binding.bind_input("x", "cpu", 0, np.float32, _dims(h), h.data_ptr())
+        binding.bind_input("w", "cpu", 0, np.float32, _dims(weight), weight.data_ptr())
+        binding.bind_output("y", "cpu", 0, np.float32, _dims(out), out.data_ptr())
+        session.run_with_iobinding(binding)
+
+    def _session(self, vocab: int, features: int):
+        key = (vocab, features)
+        with self._lock:
+            if key not in self._sessions:
+                self._sessions[key] = _build_session(vocab, features, self.threads)
+            return self._sessions[key]
+
+
+def _dims(t: torch.Tensor) -> list[int]:
+    return [int(d) for d in t.shape]  # ints also while torch's exporter traces the Function's forward
+
+
+def _build_session(vocab: int, features: int, threads: int):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "w_t"], ["y"]),
+        ],
+        "ort_hf_logits_product",
+        [
+            helper.make_tensor_value_info("x", f, ["rows", features]),
+            helper.make_tensor_value_info("w", f, [vocab, features]),
+        ],
+        [helper.make_tensor_value_info("y", f, ["rows", vocab])],
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
