@@ -28,10 +28,11 @@ mlm --variants ort,ort-ort-weight-grad --rounds 2 --steps 10``; ``docs/results/m
 peak rose from 2585 to 2731 MB on BERT-base and from 5777 to 6032 MB on the SmolLM shape.
 
 The pair (or the Conv1D's Gemm) becomes one ORT ``ATen`` node running ``ort_hf::weight_grad``
-(``csrc/cpu_weight_grad.cpp``: ``mm(a.t(), b)``, ``dY^T X`` or ``X^T dY``, which sums over no rows as zeros) with PyTorch's thread count outside ORT's graph
-for its duration. Only a float32 gradient of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows
-and columns (:data:`DEFAULT_MIN_DIM`: not a LoRA adapter's rank-sized factor, too small a product to
-gain), a Gemm without ``C`` and with ``alpha`` 1; a Transpose is absorbed where it alone reads the Gemm. Behind
+(``csrc/cpu_weight_grad.cpp``: ``mm(a.t(), b)``, here ``dY^T X`` or ``X^T dY``, which sums over no rows
+as zeros) with PyTorch's thread count outside ORT's graph for its duration. Only a float32 gradient
+of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows and columns (:data:`DEFAULT_MIN_DIM`: not a
+LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without ``C`` and with
+``alpha`` 1; a Transpose is absorbed where it alone reads the Gemm. Behind
 ``ORTOptions.cpu_weight_grad_swap``.
 
 Not a weight whose input rows ORT's label sparsity cut (computed from a ``ShrunkenGather``: the

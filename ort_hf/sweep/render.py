@@ -120,7 +120,7 @@ def _rewrites_note(by_task: dict[str, dict]) -> str:
 def _swaps(results: dict[str, dict[str, dict]]) -> list[str]:
     """Per mode, how many runs at parity had each of ort_hf's kernel swaps in their training graph,
     out of the runs at parity that recorded what was swapped."""
-    lines = ["| mode | runs at parity | " + "swapped node | runs with it |", "|---|---:|---|---:|"]
+    lines = ["| mode | runs at parity | swapped node | runs with it |", "|---|---:|---|---:|"]
     for mode in MODES:
         runs = [
             r["modes"][mode]
