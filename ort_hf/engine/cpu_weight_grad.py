@@ -30,7 +30,7 @@ peak rose from 2585 to 2731 MB on BERT-base and from 5777 to 6032 MB on the Smol
 The pair (or the Conv1D's Gemm) becomes one ORT ``ATen`` node running ``ort_hf::weight_grad``
 (``csrc/cpu_weight_grad.cpp``: ``mm(a.t(), b)``, here ``dY^T X`` or ``X^T dY``, which sums over no rows
 as zeros) with PyTorch's thread count outside ORT's graph for its duration. Only a float32 gradient
-of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows and columns (:data:`DEFAULT_MIN_DIM`: not a
+of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows and columns (``options.WEIGHT_GRAD_MIN_DIM``: not a
 LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without ``C`` and with
 ``alpha`` 1; a Transpose is absorbed where it alone reads the Gemm. Behind
 ``ORTOptions.cpu_weight_grad_swap``.
@@ -49,11 +49,8 @@ from __future__ import annotations
 from onnx import GraphProto, TensorProto, helper
 
 from .._onnx_graph import readers_of
+from .options import WEIGHT_GRAD_MIN_DIM
 
-# The smallest rows and columns (out x in) of a weight whose gradient moves to PyTorch by default:
-# a layer's projection, not a LoRA factor of rank below it. The architecture sweep lowers it to 1, so
-# that its tiny models' weights move as real-sized ones would.
-DEFAULT_MIN_DIM = 128
 OPERATOR = "ort_hf::weight_grad"
 
 
@@ -65,7 +62,7 @@ def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
     }
 
 
-def large_enough(rows: int, cols: int, min_dim: int = DEFAULT_MIN_DIM) -> bool:
+def large_enough(rows: int, cols: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> bool:
     """Whether a weight of ``rows`` x ``cols`` (out x in) is large enough for its gradient to move."""
     return rows >= min_dim and cols >= min_dim
 
@@ -116,7 +113,7 @@ def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
     return found
 
 
-def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = DEFAULT_MIN_DIM) -> int:
+def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s."""
     readers = readers_of(graph.node)

@@ -19,11 +19,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 from .._field_choices import check_choices
-from .cpu_weight_grad import DEFAULT_MIN_DIM
 
 # ORT 1.19.2 engages label sparsity (and embedding sparsity) only below this share of used
 # positions (runtime_inspector's density check, first batch).
 SPARSITY_THRESHOLD = 0.9
+
+# The smallest rows and columns (out x in) of a linear weight whose gradient moves to PyTorch by
+# default (cpu_weight_grad.py): a layer's projection, not a LoRA factor of rank below it. The
+# architecture sweep lowers it to 1, so that its tiny models' weights move as real-sized ones would.
+WEIGHT_GRAD_MIN_DIM = 128
 
 # ORT prints memory-optimizer plans as "<cluster id>:<strategy>:<request count>", e.g.
 # "BiasGelu+:1:-1" (strategy 1 = recompute, 2 = recompute with compromise, count -1 = all).
@@ -214,7 +218,7 @@ class ORTOptions:
         "of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
     )
     cpu_weight_grad_min_dim: int = _opt(
-        DEFAULT_MIN_DIM,
+        WEIGHT_GRAD_MIN_DIM,
         "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
         "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
     )

@@ -13,9 +13,9 @@ from tiny_models import FAMILIES, make_batch
 from transformers.pytorch_utils import Conv1D
 
 from ort_hf.engine import ORTOptions
-from ort_hf.engine.cpu_weight_grad import DEFAULT_MIN_DIM, OPERATOR, large_enough, swap_weight_grads
+from ort_hf.engine.cpu_weight_grad import OPERATOR, WEIGHT_GRAD_MIN_DIM, large_enough, swap_weight_grads
 
-HIDDEN = DEFAULT_MIN_DIM
+HIDDEN = WEIGHT_GRAD_MIN_DIM
 VOCAB_ROWS = 8192
 
 
@@ -94,8 +94,8 @@ def test_a_vocabulary_sized_weight_gradient_runs_on_pytorchs_product(aten_nodes_
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"out_rows": DEFAULT_MIN_DIM - 1},  # a LoRA factor's rank: too small a product to gain
-        {"out_rows": VOCAB_ROWS, "hidden": DEFAULT_MIN_DIM - 1},
+        {"out_rows": WEIGHT_GRAD_MIN_DIM - 1},  # a LoRA factor's rank: too small a product to gain
+        {"out_rows": VOCAB_ROWS, "hidden": WEIGHT_GRAD_MIN_DIM - 1},
         {"out_rows": VOCAB_ROWS, "c_input": True},
         {"out_rows": VOCAB_ROWS, "alpha": 0.5},
         {"out_rows": VOCAB_ROWS, "dtype": TensorProto.DOUBLE},
@@ -110,8 +110,8 @@ def test_what_it_does_not_take_stays_with_ort(kwargs):
 
 
 def test_a_lower_bound_moves_smaller_weights():
-    model = _model(DEFAULT_MIN_DIM - 1)
-    assert swap_weight_grads(model.graph, threads=2, min_dim=DEFAULT_MIN_DIM - 1) == 1
+    model = _model(WEIGHT_GRAD_MIN_DIM - 1)
+    assert swap_weight_grads(model.graph, threads=2, min_dim=WEIGHT_GRAD_MIN_DIM - 1) == 1
 
 
 @pytest.mark.parametrize("cut_rows", [True, False], ids=["its-input-rows-cut", "elsewhere"])
@@ -131,19 +131,19 @@ def test_a_weight_whose_rows_label_sparsity_cut_stays_with_ort(cut_rows):
 
 
 def _vocab_sized(family: str):
-    """The family's tiny LM with a vocabulary-sized head, DEFAULT_MIN_DIM wide: the head's gradient and the
+    """The family's tiny LM with a vocabulary-sized head, WEIGHT_GRAD_MIN_DIM wide: the head's gradient and the
     layers' projections at least that wide both ways (Llama's q and o; all of GPT-2's) are large enough to move."""
     spec = FAMILIES[family]
     config = spec.make_config(0.0, "eager")
     config.vocab_size = VOCAB_ROWS
-    config.hidden_size = DEFAULT_MIN_DIM
+    config.hidden_size = WEIGHT_GRAD_MIN_DIM
     if hasattr(config, "head_dim"):  # Llama's, set from the width it was built with
-        config.head_dim = DEFAULT_MIN_DIM // config.num_attention_heads
+        config.head_dim = WEIGHT_GRAD_MIN_DIM // config.num_attention_heads
     torch.manual_seed(0)
     return spec.model_cls(config).train()
 
 
-def _large_enough_linears(model, min_dim: int = DEFAULT_MIN_DIM) -> int:
+def _large_enough_linears(model, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> int:
     """The model's linear weights (nn.Linear's, out x in, and GPT-2's Conv1D's, in x out) that move."""
     return sum(
         isinstance(m, (torch.nn.Linear, Conv1D)) and large_enough(*m.weight.shape, min_dim) for m in model.modules()

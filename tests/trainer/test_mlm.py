@@ -7,7 +7,7 @@ import torch
 from mlm_data import tiny_bert_mlm, wikitext_mlm_dataset
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
-from ort_hf.engine.cpu_weight_grad import DEFAULT_MIN_DIM, OPERATOR, large_enough
+from ort_hf.engine.cpu_weight_grad import OPERATOR, WEIGHT_GRAD_MIN_DIM, large_enough
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
@@ -81,7 +81,7 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
 
 @pytest.mark.parametrize("sparsity", [True, False], ids=["label-sparsity", "label-sparsity-off"])
 def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(dataset, tokenizer, tmp_path, sparsity):
-    model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=DEFAULT_MIN_DIM)  # its linears wide enough to move
+    model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=WEIGHT_GRAD_MIN_DIM)  # its linears wide enough to move
     trainer = ORTTrainer(
         model=model,
         args=_args(
