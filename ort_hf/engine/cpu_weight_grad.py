@@ -19,7 +19,8 @@ bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg -
 shape 2820 to 2730 (its head alone: its layers' Conv1D weights did not move then), SST-2 with dynamic
 padding 303 to 320 (by round 300 to 309 and 330 to 330). The held-out GPT-2 6 x 384 of
 ``docs/benchmarks.md``, head and Conv1D weights moved against no swap (``ort-ort-weight-grad``): 4214
-to 4047 ms (``docs/results/heldout-gpt2-6x384/``).
+to 4047 ms (``docs/results/heldout-gpt2-6x384/``); on the bench's ``clm-gpt2`` (hidden 256) one round
+each way, 2525 to 2311 ms and 2455 to 2659 (``docs/results/conv1d-weight-grad/``).
 On the SmolLM-shaped model of ``docs/benchmarks.md`` (30 x 576), these bounds against no swap at
 all (the ``ort-ort-weight-grad`` variant): 10001 to 9314 ms. On the MiniLM MLM workload, where
 label sparsity keeps the head's ORT's, the layers' moved against none (``ort-hf bench --workloads
