@@ -90,6 +90,11 @@ def engine_exact(raw: dict | None) -> bool:
 
 
 def rewrites_exact(rewrites: dict | None) -> bool:
-    """Rewrites-mode parity with step-1 gradients within REWRITES_GRAD_REL: padding trimming and
-    elimination change nothing measurable."""
-    return bool(rewrites) and rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL)
+    """Rewrites-mode parity with step-1 gradients within REWRITES_GRAD_REL, where the rewrites acted:
+    padding trimming and elimination change nothing measurable. A run that records what they did
+    (``padding``) and shows they did nothing (no position trimmed, no node unpadded: rows padded on
+    the left, say) proves nothing; a run recorded before that was kept counts as before."""
+    if not (bool(rewrites) and rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL)):
+        return False
+    padding = rewrites.get("padding")
+    return padding is None or padding["unpadded_nodes"] > 0 or padding["kept_tokens"] < padding["total_tokens"]

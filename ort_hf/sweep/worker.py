@@ -164,6 +164,7 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
             traceback.print_exc()
             error = describe_exception(exc, recorder.steps_done)
     status = trainer.ort_engine_status() if trainer is not None else None
+    engine = getattr(trainer, "ort_engine", None) if status is not None else None
     ref_digests = reference["record"]["digests"]
     mismatch = next((i + 1 for i, (a, b) in enumerate(zip(recorder.digests, ref_digests)) if a != b), None)
     return {
@@ -174,10 +175,20 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
         "fallback_reason": status.fallback_reason if status is not None else None,
         "export_s": status.export_seconds if status is not None else None,
         "swapped": status.swapped if status is not None else None,
+        "padding": _padding_facts(engine),
         "batches_differ_at_step": mismatch,
         **gradient_errors(reference["grads"] or {}, recorder.grads),
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _padding_facts(engine) -> dict | None:
+    """What the padding rewrites did in a run: token positions kept by the trim, of all the batches',
+    and the nodes that padding elimination runs unpadded in the last graph built (0: it did not act)."""
+    if engine is None:
+        return None
+    rewrite = engine.padding_rewrite
+    return {**engine.padding_stats, "unpadded_nodes": rewrite.unpadded_nodes if rewrite is not None else 0}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ort_hf.engine import ORTFallbackError
-from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify
+from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify, rewrites_exact
 from ort_hf.sweep.recording import describe_exception, gradient_errors
 from ort_hf.sweep.render import markdown, proven_lists
 from ort_hf.sweep.runner import run_case
@@ -36,6 +36,9 @@ def test_sample_cases_train_through_ort_at_parity(tmp_path):
         )
         assert result["backend"] == "ort" and result["export_s"] > 0  # ORT exported and ran the steps
         assert result["swapped"].get("Gemm (weight gradient)", 0) >= 1  # the sweep's tiny weights move too
+        padding = result["padding"]  # what the padding rewrites did, recorded per run
+        assert set(padding) == {"kept_tokens", "total_tokens", "unpadded_nodes"}
+        assert padding["kept_tokens"] <= padding["total_tokens"] and padding["unpadded_nodes"] >= 0
         assert len(result["ort_losses"]) == len(result["trainer_losses"]) == 4
         assert result["max_loss_diff"] <= LOSS_ATOL
         assert result["grad_rel_error"] <= EXACT_GRAD_REL
@@ -189,3 +192,20 @@ def test_render_says_what_each_type_not_at_parity_waits_for():
     assert "polar" in waits_for("llama4_text")
     assert "| newtype | seq-cls (timeout) | not diagnosed yet |" in waiting
     assert "| bert |" not in waiting
+
+
+@pytest.mark.parametrize(
+    ("padding", "proven"),
+    [
+        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 12}, True),  # elimination acted
+        ({"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 0}, True),  # the trim acted
+        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 0}, False),  # nothing to rewrite
+        (None, True),  # a run recorded before the padding facts were
+    ],
+    ids=["eliminated", "trimmed", "did-nothing", "not-recorded"],
+)
+def test_padding_rewrites_are_proven_only_where_they_acted(padding, proven):
+    run = {"cell": "parity", "grad_rel_error": 0.0}
+    if padding is not None:
+        run["padding"] = padding
+    assert rewrites_exact(run) is proven
