@@ -6,8 +6,10 @@ On a 2-core AMD EPYC (AVX2), ``scripts/weight_grad_microbench.py --products forw
 (``docs/results/kernel-profiles/amd-epyc-avx2-2cpu/forward-and-input-grad.json``) timed the forward
 product over 2,048 rows: at GPT-2's 50,257 x 384 ORT's took 833 ms against ``mm``'s 1,002, at
 50,257 x 256 437 against 735, at 49,152 x 576 433 against 562, at 32,768 x 512 500 against 670, at
-32,000 x 384 457 against 485. The other two products of the head (the gradients of the hidden states
-and of the weight) stay on ``mm``: ORT's are no faster there.
+32,000 x 384 457 against 485. The other two products of the head stay on ``mm``: the weight's
+gradient is faster there (``weight-grad.json``), and the hidden states' gradient is faster in ORT on
+some of those shapes (606 against 649 ms at 50,257 x 384) and slower on others (760 against 586 at
+32,768 x 512), the same file.
 
 One ORT inference session per weight shape (``MatMul(x, Transpose(w))``, which ORT fuses into one
 ``FusedMatMul``), its inputs and output bound to the tensors' own memory (no copy), ``threads`` intra-op
