@@ -6,9 +6,10 @@ hand. A class is listed under:
 * ``exact``: ORT's graph, with no padding rewrite, trained it as ``Trainer`` does (every step's
   loss within 1e-4 over ragged batches of changing length, step-1 gradients close). The first-batch
   pre-flight (``preflight.py``) is skipped for it.
-* ``padding_rewrites``: the same with padding trim and padding elimination forced on, and step-1
-  gradients as close as without them: nothing it trains reads a padding position. Only these
-  classes get the rewrites by default.
+* ``trim_padding`` / ``eliminate_padding``: the same with padding trim and padding elimination
+  forced on, step-1 gradients as close as without them, and that rewrite acting in the run (a
+  position dropped; a node run on the real tokens only): nothing it trains reads a padding position
+  the rewrite removes. Each rewrite is on by default only for the classes listed for it.
 
 A model of any other class (a head the sweep did not run, a family it did not prove, a user's own
 module) trains without the rewrites and is checked by the pre-flight before its first step.
@@ -28,7 +29,7 @@ PROVEN_FILE = Path(__file__).with_name("proven_architectures.json")
 @lru_cache(maxsize=1)
 def _proven() -> dict[str, frozenset[str]]:
     data = json.loads(PROVEN_FILE.read_text()) if PROVEN_FILE.exists() else {}
-    return {key: frozenset(data.get(key, ())) for key in ("exact", "padding_rewrites")}
+    return {key: frozenset(data.get(key, ())) for key in ("exact", "trim_padding", "eliminate_padding")}
 
 
 def model_class_name(module: nn.Module) -> str:
@@ -51,5 +52,6 @@ def proven_exact(module: nn.Module) -> bool:
     return model_class_name(module) in _proven()["exact"]
 
 
-def padding_rewrites_proven(module: nn.Module) -> bool:
-    return model_class_name(module) in _proven()["padding_rewrites"]
+def padding_rewrite_proven(module: nn.Module, rewrite: str) -> bool:
+    """Whether the sweep proved ``rewrite`` (``trim_padding`` or ``eliminate_padding``) exact for the class."""
+    return model_class_name(module) in _proven()[rewrite]

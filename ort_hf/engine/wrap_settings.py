@@ -10,7 +10,7 @@ from torch import nn
 
 from . import placement
 from .options import ORTOptions
-from .proven import padding_rewrites_proven, proven_exact
+from .proven import padding_rewrite_proven, proven_exact
 from .runtime import EngineState
 from .swap_switches import CORRECTIONS, SWITCHES
 
@@ -43,16 +43,19 @@ class WrapSettings:
                 "on a GPU. Leave eliminate_padding unset on CUDA."
             )
         config = getattr(module, "config", None)
+
         # The padding rewrites change what a model computes wherever it reads a padding position
         # (a convolution or pooling over the sequence, a loss over positions): by default they run
-        # only for the classes the sweep proved they leave exact (proven.py).
-        rewrites = not on_cuda and padding_rewrites_proven(module)
+        # only for the classes the sweep proved they leave exact (proven.py), each rewrite on its own.
+        def default(rewrite: str, asked: bool | None) -> bool:
+            return asked if asked is not None else not on_cuda and padding_rewrite_proven(module, rewrite)
+
         return cls(
             options=options,
             device_type=device_type,
             pythonop=state.pythonop_available and options.enable_custom_autograd,
-            trim_padding=options.trim_padding if options.trim_padding is not None else rewrites,
-            eliminate_padding=options.eliminate_padding if options.eliminate_padding is not None else rewrites,
+            trim_padding=default("trim_padding", options.trim_padding),
+            eliminate_padding=default("eliminate_padding", options.eliminate_padding),
             preflight=options.preflight == "always" or (options.preflight == "auto" and not proven_exact(module)),
             disable_cache="use_cache" in inspect.signature(module.forward).parameters
             and bool(getattr(config, "use_cache", False)),
@@ -63,21 +66,20 @@ def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> t
     """The first step's line saying which of ort_hf's rewrites and kernels run for model class ``name``
     and why; True when the padding rewrites are off only for want of proof (a warning, not news)."""
     options, device = settings.options, settings.device_type
-    if options.trim_padding is not None or options.eliminate_padding is not None:
-        padding = (
-            f"padding trim {'on' if settings.trim_padding else 'off'} and elimination "
-            f"{'on' if settings.eliminate_padding else 'off'} (--ort_trim_padding / --ort_eliminate_padding)"
-        )
-    elif device != "cpu":
+    if device != "cpu" and options.trim_padding is None and options.eliminate_padding is None:
         padding = f"padding trim and elimination off on {device} (ORT's own padding elimination runs there)"
-    elif settings.trim_padding:
-        padding = (
-            "padding trim and elimination on (the architecture sweep proved them exact for it: docs/architectures.md)"
-        )
     else:
-        padding = (
-            "padding trim and elimination off (the architecture sweep has not proven them exact for it: "
-            "docs/architectures.md; --ort_trim_padding true and --ort_eliminate_padding true force them)"
+        padding = " and ".join(
+            _rewrite_state(label, on, asked, flag)
+            for label, on, asked, flag in (
+                ("padding trim", settings.trim_padding, options.trim_padding, "--ort_trim_padding"),
+                (
+                    "padding elimination",
+                    settings.eliminate_padding,
+                    options.eliminate_padding,
+                    "--ort_eliminate_padding",
+                ),
+            )
         )
     if device != "cpu":
         kernels = f"ort_hf's kernels off (CPU-only; ORT's own {device} kernels run)"
@@ -97,6 +99,17 @@ def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> t
         device == "cpu"
         and options.trim_padding is None
         and options.eliminate_padding is None
-        and not settings.trim_padding
+        and not (settings.trim_padding or settings.eliminate_padding)
     )
     return unproven, f"ort_hf: {name} trains on {device}: {padding}; {kernels}."
+
+
+def _rewrite_state(label: str, on: bool, asked: bool | None, flag: str) -> str:
+    if asked is not None:
+        return f"{label} {'on' if on else 'off'} ({flag})"
+    if on:
+        return f"{label} on (the architecture sweep proved it exact for it: docs/architectures.md)"
+    return (
+        f"{label} off (the architecture sweep has not proven it exact for it: docs/architectures.md; "
+        f"{flag} true forces it)"
+    )

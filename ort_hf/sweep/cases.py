@@ -62,6 +62,10 @@ class RunSettings:
     batch_size: int = 4
     min_len: int = 5
     max_len: int = 24
+    # The collators pad each batch to a multiple of this, as users' padding to a multiple of 8 or to a
+    # max_length does: trailing columns are then padding in every row, the padding trim has something
+    # to drop, and a model that reads a padding position shows it.
+    pad_to_multiple_of: int = 16
     learning_rate: float = 1e-2
     seed: int = 42
 

@@ -89,12 +89,36 @@ def engine_exact(raw: dict | None) -> bool:
     return bool(raw) and raw.get("cell") == "parity" and _grad_within(raw, EXACT_GRAD_REL)
 
 
-def rewrites_exact(rewrites: dict | None) -> bool:
-    """Rewrites-mode parity with step-1 gradients within REWRITES_GRAD_REL, where the rewrites acted:
-    padding trimming and elimination change nothing measurable. A run that records what they did
-    (``padding``) and shows they did nothing (no position trimmed, no node unpadded: rows padded on
-    the left, say) proves nothing; a run recorded before that was kept counts as before."""
+PADDING_REWRITES = ("trim_padding", "eliminate_padding")  # proven_architectures.json's lists, one per rewrite
+
+
+def rewrites_proven(rewrites: dict | None) -> tuple[str, ...]:
+    """The padding rewrites a rewrites-mode run proves exact: the run is at parity with step-1
+    gradients within REWRITES_GRAD_REL, and the rewrite acted in it (``trim_padding``: a position
+    dropped; ``eliminate_padding``: a node run on the real tokens only). Both are forced on in that
+    mode, so a rewrite that did not act (rows padded on the left, a masked LM's sparse labels) is
+    proven by nothing, nor is either in a run that did not record what they did."""
     if not (bool(rewrites) and rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL)):
+        return ()
+    padding = rewrites.get("padding") or {}
+    acted = {
+        "trim_padding": padding.get("kept_tokens", 0) < padding.get("total_tokens", 0),
+        "eliminate_padding": padding.get("unpadded_nodes", 0) > 0,
+    }
+    return tuple(r for r in PADDING_REWRITES if acted[r])
+
+
+def rewrites_exact(rewrites: dict | None) -> bool:
+    """Some padding rewrite acted in this rewrites-mode run and it is exact (:func:`rewrites_proven`)."""
+    return bool(rewrites_proven(rewrites))
+
+
+def rewrites_against(rewrites: dict | None) -> bool:
+    """A rewrites-mode run that counts against the rewrites for its class: counted, and not exact
+    where something acted (a divergence, a crash, gradients off). A parity where neither acted is
+    neutral: it shows nothing either way."""
+    if not rewrites or rewrites.get("cell") == "not-counted":
         return False
-    padding = rewrites.get("padding")
-    return padding is None or padding["unpadded_nodes"] > 0 or padding["kept_tokens"] < padding["total_tokens"]
+    if rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL):
+        return False
+    return True

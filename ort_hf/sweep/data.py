@@ -67,17 +67,17 @@ def build_collator(task: Task, tokenizer, model, settings: RunSettings):
         DataCollatorWithPadding,
     )
 
-    kind = task.collator
+    kind, multiple = task.collator, settings.pad_to_multiple_of
     if kind == "padding":
-        return DataCollatorWithPadding(tokenizer)
+        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
     if kind == "token-classification":
-        return DataCollatorForTokenClassification(tokenizer)  # labels -100 on padding
-    if kind == "causal-lm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels = ids, -100 on padding
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=multiple)  # labels -100 on padding
+    if kind == "causal-lm":  # labels = ids, -100 on padding
+        return DataCollatorForLanguageModeling(tokenizer, mlm=False, pad_to_multiple_of=multiple)
     if kind == "masked-lm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=True, seed=settings.seed)
-    if kind == "seq2seq":
-        return DataCollatorForSeq2Seq(tokenizer, model=model)  # decoder_input_ids from the model's own shift
+        return DataCollatorForLanguageModeling(tokenizer, mlm=True, seed=settings.seed, pad_to_multiple_of=multiple)
+    if kind == "seq2seq":  # decoder_input_ids from the model's own shift
+        return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=multiple)
     raise ValueError(f"unknown collator {kind!r}")
 
 

@@ -8,7 +8,16 @@ import statistics
 from pathlib import Path
 
 from .cases import EVERY_MODE, MODES, SETTINGS, TASKS
-from .cells import CELLS, EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, engine_exact, rewrites_exact
+from .cells import (
+    CELLS,
+    EXACT_GRAD_REL,
+    LOSS_ATOL,
+    PADDING_REWRITES,
+    REWRITES_GRAD_REL,
+    engine_exact,
+    rewrites_against,
+    rewrites_proven,
+)
 from .messages import condense
 from .results import read_results, results_path
 from .waits_for import waits_for
@@ -19,9 +28,10 @@ SHOWN_MODE = "as shipped"  # the per-type table shows what users get
 def shipped_result(record: dict, proven: dict) -> dict | None:
     """What ORTTrainer's defaults do for this case once the proven lists are in place: a class proven
     exact skips the pre-flight (the ``raw`` run, or ``rewrites`` where those are proven too); any
-    other class runs as the ``default`` mode ran it (pre-flight, no padding rewrite)."""
+    other class runs as the ``default`` mode ran it (pre-flight, no padding rewrite). A class proven for
+    one rewrite only gets that one, which is the ``rewrites`` run too: the other did not act in it."""
     modes, name = record["modes"], record.get("model_class")
-    if name in proven["padding_rewrites"] and "rewrites" in modes:
+    if any(name in proven[r] for r in PADDING_REWRITES) and "rewrites" in modes:
         return modes["rewrites"]
     if name in proven["exact"] and "raw" in modes:
         return modes["raw"]
@@ -96,19 +106,25 @@ def _seconds(results: dict[str, dict[str, dict]]) -> list[str]:
     return lines
 
 
+REWRITE_NAMES = {"trim_padding": "trim", "eliminate_padding": "elimination"}
+
+
 def _why_not_exact(rewrites: dict) -> str:
     grads = rewrites.get("grad_rel_error")
-    if rewrites["cell"] == "parity" and grads is not None:
+    if rewrites["cell"] == "parity" and grads is not None and grads > REWRITES_GRAD_REL:
         return f"step-1 gradients off by {grads:.1e}"
+    if rewrites["cell"] == "parity":
+        return "neither acted"
     return rewrites["cell"].replace("not-counted", "not counted")
 
 
 def _rewrites_note(by_task: dict[str, dict]) -> str:
-    exact = [t for t, r in by_task.items() if rewrites_exact(r["modes"].get("rewrites"))]
+    proofs = {t: rewrites_proven(r["modes"].get("rewrites")) for t, r in by_task.items()}
+    exact = [f"{t} ({', '.join(REWRITE_NAMES[r] for r in proofs[t])})" for t in by_task if proofs[t]]
     inexact = [
         f"{t} ({_why_not_exact(r['modes']['rewrites'])})"
         for t, r in by_task.items()
-        if "rewrites" in r["modes"] and t not in exact
+        if "rewrites" in r["modes"] and not proofs[t]
     ]
     if not exact and not inexact:
         return "not run"
@@ -218,7 +234,11 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
             f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together), and `default` parity (the "
             "pre-flight passed at another length and row count), as `exact`, and those whose "
-            f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `padding_rewrites`.",
+            f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `trim_padding` where the "
+            "trim dropped a position in that run, and as `eliminate_padding` where the elimination ran a node on "
+            "the real tokens only: each rewrite is on by default only for the classes listed for it. A class with "
+            "a counted run against it in any task (a mode's run that is neither parity nor not counted) is not "
+            "listed.",
             "",
             "Re-run: `make sweep` (every task and mode, two cases at a time, then this page), or e.g. "
             "`ort-hf sweep --tasks seq-cls --types bert,gpt2` followed by `ort-hf sweep --render`. Cases already "
@@ -260,21 +280,35 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
 
 
 def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
-    exact, rewrites = set(), set()
+    """The classes each list proves, from every task's record of the class: at least one record proves
+    it and none counts against it (a class that is the head of two tasks answers for both)."""
+    proof: dict[str, set[str]] = {}
+    against: dict[str, set[str]] = {}
     for records in results.values():
         for record in records.values():
-            raw, default = record["modes"].get("raw"), record["modes"].get("default")
+            name, modes = record["model_class"], record["modes"]
+            raw, default, rewrites = modes.get("raw"), modes.get("default"), modes.get("rewrites")
             if engine_exact(raw) and (default or {}).get("cell") == "parity":
-                exact.add(record["model_class"])
-            if raw and raw["cell"] == "parity" and rewrites_exact(record["modes"].get("rewrites")):
-                rewrites.add(record["model_class"])
+                proof.setdefault(name, set()).add("exact")
+            elif any(run and run["cell"] != "not-counted" for run in (raw, default)):
+                against.setdefault(name, set()).add("exact")
+            if raw and raw["cell"] == "parity":
+                proof.setdefault(name, set()).update(rewrites_proven(rewrites))
+            if rewrites_against(rewrites):
+                against.setdefault(name, set()).update(PADDING_REWRITES)
+    lists = {
+        key: {n for n, keys in proof.items() if key in keys - against.get(n, set())}
+        for key in ("exact", *PADDING_REWRITES)
+    }
     return {
         "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
         f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
         "default-mode (pre-flight) parity; "
-        f"padding_rewrites: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}.",
-        "exact": sorted(exact),
-        "padding_rewrites": sorted(rewrites & exact),  # a class not proven exact runs the pre-flight, rewrites off
+        f"trim_padding, eliminate_padding: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}, "
+        "where that rewrite acted; no task's counted run against the class.",
+        "exact": sorted(lists["exact"]),
+        # a class not proven exact runs the pre-flight, rewrites off
+        **{key: sorted(lists[key] & lists["exact"]) for key in PADDING_REWRITES},
     }
 
 

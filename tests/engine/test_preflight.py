@@ -8,7 +8,7 @@ import torch
 from tiny_models import FAMILIES, build, make_batch
 
 from ort_hf.engine import ORTFallbackError, ORTOptions, wrap_model
-from ort_hf.engine.proven import model_class_name, padding_rewrites_proven, proven_exact
+from ort_hf.engine.proven import model_class_name, padding_rewrite_proven, proven_exact
 
 CHECKED = ORTOptions(fallback="disable", log_level="ERROR", preflight="always")
 
@@ -108,7 +108,9 @@ def test_model_class_is_read_through_wrappers_and_unproven_defaults_are_off():
             return x
 
     mine = Mine()
-    assert not proven_exact(mine) and not padding_rewrites_proven(mine)
+    assert not proven_exact(mine) and not any(
+        padding_rewrite_proven(mine, r) for r in ("trim_padding", "eliminate_padding")
+    )
     settings = WrapSettings.of(mine, ORTOptions(), ensure_engine())
     assert settings.preflight and not settings.trim_padding and not settings.eliminate_padding
     forced = WrapSettings.of(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ort_hf.engine import ORTFallbackError
-from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify, rewrites_exact
+from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify, rewrites_proven
 from ort_hf.sweep.recording import describe_exception, gradient_errors
 from ort_hf.sweep.render import markdown, proven_lists
 from ort_hf.sweep.runner import run_case
@@ -155,7 +155,12 @@ def _record(model_type, model_class, raw_cell, raw_grads, rewrites_grads):
         "modes": {
             "default": {**mode, "cell": "parity", "grad_rel_error": raw_grads},
             "raw": {**mode, "cell": raw_cell, "grad_rel_error": raw_grads},
-            "rewrites": {**mode, "cell": "parity", "grad_rel_error": rewrites_grads},
+            "rewrites": {
+                **mode,
+                "cell": "parity",
+                "grad_rel_error": rewrites_grads,
+                "padding": {"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 12},
+            },
         },
     }
 
@@ -170,7 +175,7 @@ def test_render_lists_only_what_the_thresholds_prove():
     }
     proven = proven_lists(results)
     assert proven["exact"] == ["BertForSequenceClassification", "GPT2ForSequenceClassification"]
-    assert proven["padding_rewrites"] == ["BertForSequenceClassification"]
+    assert proven["trim_padding"] == proven["eliminate_padding"] == ["BertForSequenceClassification"]
     text = markdown(results)
     assert "| bert | parity |" in text and "parity (step-1 gradients off by 6.0e-03)" in text
 
@@ -197,15 +202,30 @@ def test_render_says_what_each_type_not_at_parity_waits_for():
 @pytest.mark.parametrize(
     ("padding", "proven"),
     [
-        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 12}, True),  # elimination acted
-        ({"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 0}, True),  # the trim acted
-        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 0}, False),  # nothing to rewrite
-        (None, True),  # a run recorded before the padding facts were
+        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 12}, ("eliminate_padding",)),
+        ({"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 0}, ("trim_padding",)),
+        ({"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 12}, ("trim_padding", "eliminate_padding")),
+        ({"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 0}, ()),  # nothing to rewrite
+        (None, ()),  # a run that did not record what the rewrites did
     ],
-    ids=["eliminated", "trimmed", "did-nothing", "not-recorded"],
+    ids=["eliminated", "trimmed", "both", "did-nothing", "not-recorded"],
 )
-def test_padding_rewrites_are_proven_only_where_they_acted(padding, proven):
+def test_each_padding_rewrite_is_proven_only_where_it_acted(padding, proven):
     run = {"cell": "parity", "grad_rel_error": 0.0}
     if padding is not None:
         run["padding"] = padding
-    assert rewrites_exact(run) is proven
+    assert rewrites_proven(run) == proven
+    assert rewrites_proven({**run, "grad_rel_error": 2e-5}) == ()  # acted, but the gradients moved
+
+
+def test_a_class_that_heads_two_tasks_is_listed_only_if_neither_counts_against_it():
+    good = _record("bart", "BartForConditionalGeneration", "parity", 1e-7, 1e-7)
+    bad = _record("bart", "BartForConditionalGeneration", "parity", 1e-7, 1e-7)
+    bad["modes"]["rewrites"].update(cell="diverge", grad_rel_error=0.3)
+    proven = proven_lists({"masked-lm": {"bart": good}, "seq2seq-lm": {"bart": bad}})
+    assert proven["exact"] == ["BartForConditionalGeneration"]
+    assert proven["trim_padding"] == proven["eliminate_padding"] == []
+    idle = _record("bart", "BartForConditionalGeneration", "parity", 1e-7, 1e-7)
+    idle["modes"]["rewrites"]["padding"] = {"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 0}
+    proven = proven_lists({"masked-lm": {"bart": good}, "seq2seq-lm": {"bart": idle}})  # a run that shows nothing
+    assert proven["trim_padding"] == ["BartForConditionalGeneration"]
