@@ -11,6 +11,7 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
         cpu_relu_grad_swap
     python scripts/kernel_profiles.py --model_dir /tmp/heldout/llama-6x384-v32k --shape 4 512 \\
         --out_dir docs/results/kernel-profiles/<cpu key>   # a causal or masked LM's folder (scripts/heldout_models.py)
+    python scripts/kernel_profiles.py --model_dir ... --tag chunked --on chunked_lm_loss
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
@@ -128,9 +129,14 @@ def _model(family: str):
     return specs[family]
 
 
-def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None = None, shape=None) -> None:
+def _train(
+    family: str, profile_dir: str, off: list[str], model_dir: str | None = None, shape=None, on: list[str] = ()
+) -> None:
     """One profiled run (in its own process); ``model_dir``: a causal or masked LM's folder instead of a family."""
+    import time
+
     import torch
+    from transformers import TrainerCallback
 
     from ort_hf import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainingArguments
 
@@ -161,6 +167,16 @@ def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None 
         else:
             row["labels"] = torch.randint(3, config.vocab_size, (64,), generator=g)
         rows.append(row)
+
+    class StepClock(TrainerCallback):
+        """Prints each step's wall time (the first step holds the export and the session)."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            print(f"step {state.global_step}: {(time.perf_counter() - self.start) * 1e3:.0f} ms", flush=True)
+
     args_cls, trainer_cls = (
         (ORTSeq2SeqTrainingArguments, ORTSeq2SeqTrainer) if task == "s2s" else (ORTTrainingArguments, ORTTrainer)
     )
@@ -175,8 +191,9 @@ def _train(family: str, profile_dir: str, off: list[str], model_dir: str | None 
             ort_fallback="disable",
             ort_preflight="never",
             **{f"ort_{option}": False for option in off},
+            **{f"ort_{option}": True for option in on},
         )
-        trainer_cls(model=model, args=args, train_dataset=rows).train()
+        trainer_cls(model=model, args=args, train_dataset=rows, callbacks=[StepClock()]).train()
 
 
 def summary(profile: Path, top: int = 25) -> str:
@@ -209,6 +226,7 @@ def main() -> None:
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--tag", default="after")
     parser.add_argument("--off", nargs="*", default=[], help="ORTOptions switches to turn off (the 'before' runs)")
+    parser.add_argument("--on", nargs="*", default=[], help="ORTOptions switches to turn on (e.g. chunked_lm_loss)")
     parser.add_argument("--profile_dir", help="keep ORT's raw profiles here (default: a temporary folder)")
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
@@ -216,7 +234,7 @@ def main() -> None:
     if unknown or not (args.families or args.model_dir):
         parser.error(f"name families from {', '.join(FAMILIES)} (not {unknown}), or --model_dir")
     if args._run:
-        _train(args.families[0] if args.families else "", args._run, args.off, args.model_dir, args.shape)
+        _train(args.families[0] if args.families else "", args._run, args.off, args.model_dir, args.shape, args.on)
         return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +246,7 @@ def main() -> None:
             profile_dir = str(Path(args.profile_dir) / f"{family}-{args.tag}") if args.profile_dir else tmp
             families = [] if args.model_dir else [family]
             cmd = [sys.executable, __file__, *families, "--out_dir", str(out), "--_run", profile_dir, *extra]
-            cmd += ["--off", *args.off]
+            cmd += ["--off", *args.off, "--on", *args.on]
             subprocess.run(cmd, check=True)
             profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)  # the training session's
             text = summary(profile)

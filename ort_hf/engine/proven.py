@@ -32,9 +32,9 @@ def _proven() -> dict[str, frozenset[str]]:
     return {key: frozenset(data.get(key, ())) for key in ("exact", "trim_padding", "eliminate_padding")}
 
 
-def model_class_name(module: nn.Module) -> str:
-    """The class of the model inside ort_hf's and PEFT's wrappers (ModuleWithLoss, the fused-head
-    module, the stateful-forward wrapper, a PeftModel): the class the sweep names."""
+def inner_model(module: nn.Module) -> nn.Module:
+    """The model inside ort_hf's and PEFT's wrappers (ModuleWithLoss, the fused-head module, the
+    stateful-forward wrapper, a PeftModel): the model whose class the sweep names."""
     for _ in range(8):
         owner = type(module).__module__ or ""
         if owner.startswith("peft.") and hasattr(module, "get_base_model"):
@@ -45,7 +45,11 @@ def model_class_name(module: nn.Module) -> str:
             module = module.module
         else:
             break
-    return type(module).__name__
+    return module
+
+
+def model_class_name(module: nn.Module) -> str:
+    return type(inner_model(module)).__name__
 
 
 def proven_exact(module: nn.Module) -> bool:

@@ -19,7 +19,7 @@ from .export_record import ACTIVE_EXPORT_RECORD, ExportRecord
 from .failures import describe_failure
 from .options import ORTOptions
 from .ortmodule_build import build_ort_module, release_freed_memory, set_custom_autograd
-from .padding import trim_trailing_padding
+from .padding import decoder_side, trim_trailing_padding, without
 from .padding_elimination import padding_unread, worth_eliminating
 from .precision import check_precision
 from .preflight import refuse_layer_drop, run_preflight
@@ -152,16 +152,18 @@ class ORTTrainingModule(TrainingSessionInspection, nn.Module):
             settings = self._settings
         if self.training and settings.disable_cache:
             kwargs.setdefault("use_cache", False)
+        target_side = decoder_side(kwargs, settings.targets_apart) if self.training else set()
         if self.training and settings.trim_padding:
             # ORT's padding elimination exists only in its CUDA build: on CPU the columns that are
             # padding in every row are dropped here, which leaves the loss unchanged.
-            kwargs, kept, total = trim_trailing_padding(kwargs)
+            trimmed, kept, total = trim_trailing_padding(without(kwargs, target_side))
+            kwargs = {k: trimmed.get(k, v) for k, v in kwargs.items()}  # the caller's order: ORT's input schema
             if total > 0:
                 rows = kwargs["attention_mask"].shape[0]
                 self.padding_stats["kept_tokens"] += kept * rows
                 self.padding_stats["total_tokens"] += total * rows
         if self.training:
-            self._check_padding_elimination(kwargs)
+            self._check_padding_elimination(without(kwargs, target_side))
         if not run.ran:
             check_precision(self.module)  # refused loudly, never a fallback
         set_custom_autograd(settings.pythonop)

@@ -10,7 +10,7 @@ from torch import nn
 
 from . import placement
 from .options import ORTOptions
-from .proven import padding_rewrite_proven, proven_exact
+from .proven import inner_model, padding_rewrite_proven, proven_exact
 from .runtime import EngineState
 from .swap_switches import CORRECTIONS, SWITCHES
 
@@ -27,6 +27,7 @@ class WrapSettings:
     eliminate_padding: bool
     preflight: bool  # check ORT against PyTorch before the first step (preflight.py)
     disable_cache: bool  # ORT cannot return a DynamicCache (ORTModuleIOError: Unsupported flatten data type)
+    targets_apart: bool  # a seq2seq generator: labels and decoder_* inputs follow the target (padding.decoder_side)
 
     @property
     def on_cuda(self) -> bool:
@@ -59,7 +60,16 @@ class WrapSettings:
             preflight=options.preflight == "always" or (options.preflight == "auto" and not proven_exact(module)),
             disable_cache="use_cache" in inspect.signature(module.forward).parameters
             and bool(getattr(config, "use_cache", False)),
+            targets_apart=_generates_targets(inner_model(module)),
         )
+
+
+def _generates_targets(model: nn.Module) -> bool:
+    """A sequence-to-sequence generator (an encoder-decoder config, and ``generate``): its labels and
+    ``decoder_*`` inputs are the target's. Not every class of an encoder-decoder config is one: T5's
+    and T5Gemma's token classifiers label ``input_ids``'s positions."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and callable(getattr(model, "generate", None))
 
 
 def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> tuple[bool, str]:

@@ -212,7 +212,9 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             "linear weight's gradient on PyTorch's product, as a real-sized model's are). "
             f"{s.steps} steps of SGD (lr {s.learning_rate}, no "
             f"gradient clipping), batch {s.batch_size}, random rows {s.min_len}-{s.max_len} tokens long, padded on "
-            "the right by transformers' own collator for the task (masked LM: the collator's seeded masking, the "
+            f"the right to a multiple of {s.pad_to_multiple_of} by transformers' own collator for the task "
+            "(`pad_to_multiple_of`: some columns are padding in every row, as users' padding to a multiple or to "
+            "a maximum length leaves them; masked LM: the collator's seeded masking, the "
             "same in both runs). Each case runs in its own process with a time limit per run.",
             "",
             "ORT runs once per mode, each from fresh weights:",

@@ -13,6 +13,12 @@ _LENGTH_BAKED_WINDOW = (
     "batch's length, which the trace keeps as constants (refused before training by the "
     "pre-flight); needs that padding computed from the input's shape in the graph"
 )
+_LENGTH_BAKED_CHUNKS = (
+    "its state-space scan (PyTorch's path) pads the sequence to a multiple of its chunk size by a "
+    "`pad_size` computed in Python from the first batch's length, which the trace keeps as a constant "
+    "(refused before training by the pre-flight); needs that padding computed from the input's shape "
+    "in the graph"
+)
 
 _FLIP_OF_UNFOLD = (
     "its short convolution flips an unfolded window (`x.unfold(-1, k, 1).flip(-1)`), and ORT 1.19.2's "
@@ -23,11 +29,14 @@ _FLIP_OF_UNFOLD = (
 WAITS_FOR: dict[str, str] = {
     "afmoe": "not diagnosed: ORT's loss differs from PyTorch's on the first batch itself (3.6e-3), so the "
     "pre-flight refuses it",
+    "bamba": _LENGTH_BAKED_CHUNKS,
     "cpmant": "its segment and position buckets are computed in Python from the first batch's length, kept as "
     "constants by the trace (refused by the pre-flight); needs them computed in the graph",
+    "falcon_h1": _LENGTH_BAKED_CHUNKS,
     "falcon_mamba": _LENGTH_BAKED_SCAN,
     "funnel": "its pooling computes attention-mask and position sizes in Python from the first batch's length, "
     "kept as constants by the trace (refused by the pre-flight)",
+    "granitemoehybrid": _LENGTH_BAKED_CHUNKS,
     "hrm_text": "its low-level cycles before the gradient threshold run under `torch.no_grad()`, which the "
     "TorchScript exporter does not record, so ORT differentiates through them (gradients 0.29 off; "
     "refused by the pre-flight); needs a stop-gradient at the no-grad boundary",
@@ -41,6 +50,7 @@ WAITS_FOR: dict[str, str] = {
     "written in real cosine and sine ops",
     "longformer": _LENGTH_BAKED_WINDOW,
     "mamba": _LENGTH_BAKED_SCAN,
+    "mamba2": _LENGTH_BAKED_CHUNKS,
     "recurrent_gemma": _LENGTH_BAKED_SCAN,
     "rwkv": _LENGTH_BAKED_SCAN,
     "t5gemma2": "its attention masks are built by `torch.func.vmap` over a mask function, which the exporter "

@@ -13,6 +13,7 @@ def test_trim_drops_only_all_padding_columns():
     batch = ragged_batch([5, 9, 3, 7], "mlm", gen)
     trimmed, kept, total = trim_trailing_padding(batch)
     assert (kept, total) == (9, SEQ) and trimmed["input_ids"].shape == (4, 9) and trimmed["labels"].shape == (4, 9)
+    assert all(v.is_contiguous() for v in trimmed.values())  # a model may view() them
     left = ragged_batch([5, 9, 3, 7], "mlm", gen, pad_left=True)
     assert trim_trailing_padding(left)[0]["input_ids"].shape == (4, SEQ)  # left padding: nothing to drop
     labelled = dict(batch)
@@ -39,3 +40,24 @@ def test_trimming_can_be_turned_off():
     wrapped.train()
     wrapped(**ragged_batch([4, 5, 6, 7], "cls", torch.Generator().manual_seed(2))).loss.backward()
     assert wrapped.padding_stats["total_tokens"] == 0 and wrapped.engine_status().backend == "ort"
+
+
+def test_an_encoder_decoders_target_side_is_neither_trimmed_nor_checked_against_the_source_mask():
+    """Labels as long as the source (by chance, as a collator's pad_to_multiple_of makes them) with
+    real labels past the source's last token: the trim drops the source's padding columns only, and
+    the padding checks do not read the labels as the source's (a refusal of the second batch, before)."""
+    from tiny_models import EXTRA_FAMILIES
+
+    gen = torch.Generator().manual_seed(3)
+    batches = []
+    for lengths in ([5, 9, 3, 7], [8, 4, 6, 2]):
+        batch = ragged_batch(lengths, "s2s", gen)
+        batch["labels"] = torch.randint(3, 90, (4, SEQ), generator=gen)  # every target position labelled
+        batches.append(batch)
+    options = ORTOptions(
+        fallback="disable", log_level="ERROR", preflight="never", trim_padding=True, eliminate_padding=True
+    )
+    result = run_parity(build(EXTRA_FAMILIES["t5-s2s"]), batches, options)
+    assert_parity(*result)
+    stats = result[-1].padding_stats
+    assert stats["kept_tokens"] == (9 + 8) * 4 and stats["total_tokens"] == 2 * SEQ * 4  # the source's columns
