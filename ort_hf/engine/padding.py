@@ -35,8 +35,9 @@ def trim_trailing_padding(inputs: dict) -> tuple[dict, int, int]:
 
 def decoder_side(inputs: dict, targets_apart: bool) -> set[str]:
     """The keys of ``inputs`` not aligned with ``input_ids``'s positions: a sequence-to-sequence
-    generator's ``labels`` and ``decoder_*`` tensors, which follow the target's positions (of any length, equal to the source's only by chance). The padding trim and
-    the padding checks leave them out."""
+    generator's ``labels`` and ``decoder_*`` tensors, which follow the target's positions (of any
+    length, equal to the source's only by chance). The padding trim and the padding checks leave
+    them out."""
     if not targets_apart:
         return set()
     return {k for k in inputs if k == "labels" or k.startswith("decoder_")}

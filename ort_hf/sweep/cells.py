@@ -108,11 +108,6 @@ def rewrites_proven(rewrites: dict | None) -> tuple[str, ...]:
     return tuple(r for r in PADDING_REWRITES if acted[r])
 
 
-def rewrites_exact(rewrites: dict | None) -> bool:
-    """Some padding rewrite acted in this rewrites-mode run and it is exact (:func:`rewrites_proven`)."""
-    return bool(rewrites_proven(rewrites))
-
-
 def rewrites_against(rewrites: dict | None) -> bool:
     """A rewrites-mode run that counts against the rewrites for its class: counted, and not exact
     where something acted (a divergence, a crash, gradients off). A parity where neither acted is
