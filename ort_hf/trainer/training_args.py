@@ -82,14 +82,13 @@ class ORTTrainingArguments(TrainingArguments):
             "choices": ("auto", "always", "never"),
         },
     )
-    # Off by default: exact, but on a 2-core AMD EPYC (AVX2) the loss in PyTorch from ORT's logits
-    # (ORT's MLAS GEMMs for the head) was the faster of the two (issue 44).
+    # Why off by default: docs/how-it-works.md, ModuleWithLoss.
     ort_chunked_lm_loss: bool = field(
         default=False,
         metadata={
             "help": "With ModuleWithLoss and dense causal-LM labels (--ort_loss_in_graph auto, label sparsity "
             "with nothing to drop), compute the LM head's projection and the cross-entropy fused, in row chunks, "
-            "inside the ORT graph (a PythonOp running PyTorch's GEMMs): no full logits, none crossing to "
+            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul, --ort_cpu_lm_head_forward_swap): no full logits, none crossing to "
             "PyTorch. Used where the first batch shows the model's logits are its head's projection of its "
             "backbone's hidden states (float32, no PEFT); otherwise, and by default, the loss runs in PyTorch "
             "from ORT's logits."
