@@ -79,14 +79,15 @@ def _compare_losses(expected: list[float], run: dict) -> dict:
     return _cell("parity", None, None, max_loss_diff=worst)
 
 
-def _grad_within(run: dict | None, bound: float) -> bool:
+def _parity_within(run: dict | None, bound: float) -> bool:
+    """A run at parity whose step-1 gradients are within ``bound`` (relative) of Trainer's."""
     error = (run or {}).get("grad_rel_error")
-    return error is not None and error <= bound
+    return bool(run) and run.get("cell") == "parity" and error is not None and error <= bound
 
 
 def engine_exact(raw: dict | None) -> bool:
     """Raw-mode parity with step-1 gradients within EXACT_GRAD_REL: the engine alone is exact."""
-    return bool(raw) and raw.get("cell") == "parity" and _grad_within(raw, EXACT_GRAD_REL)
+    return _parity_within(raw, EXACT_GRAD_REL)
 
 
 PADDING_REWRITES = ("trim_padding", "eliminate_padding")  # proven_architectures.json's lists, one per rewrite
@@ -98,7 +99,7 @@ def rewrites_proven(rewrites: dict | None) -> tuple[str, ...]:
     dropped; ``eliminate_padding``: a node run on the real tokens only). Both are forced on in that
     mode, so a rewrite that did not act (rows padded on the left, a masked LM's sparse labels) is
     proven by nothing, nor is either in a run that did not record what they did."""
-    if not (bool(rewrites) and rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL)):
+    if not _parity_within(rewrites, REWRITES_GRAD_REL):
         return ()
     padding = rewrites.get("padding") or {}
     acted = {
@@ -114,6 +115,4 @@ def rewrites_against(rewrites: dict | None) -> bool:
     neutral: it shows nothing either way."""
     if not rewrites or rewrites.get("cell") == "not-counted":
         return False
-    if rewrites.get("cell") == "parity" and _grad_within(rewrites, REWRITES_GRAD_REL):
-        return False
-    return True
+    return not _parity_within(rewrites, REWRITES_GRAD_REL)

@@ -7,7 +7,8 @@ import torch
 from mlm_data import tiny_bert_mlm, wikitext_mlm_dataset
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
-from ort_hf.engine.cpu_weight_grad import OPERATOR, WEIGHT_GRAD_MIN_DIM, large_enough
+from ort_hf.engine.cpu_weight_grad import OPERATOR, large_enough
+from ort_hf.engine.options import WEIGHT_GRAD_MIN_DIM
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 
