@@ -88,7 +88,7 @@ class Variant:
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
     cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
-    chunked_lm_loss: bool = False  # ORTTrainer's ort_chunked_lm_loss
+    chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss
     cpu_lm_head_forward_swap: bool = True  # ORTTrainer's ort_cpu_lm_head_forward_swap
 
 
@@ -155,6 +155,15 @@ VARIANTS = {
             "ORTTrainer with the fused chunked LM-head loss (ort_chunked_lm_loss=True), its forward "
             "product on ORT's MatMul",
             chunked_lm_loss=True,
+            tasks=("clm",),
+            default=False,
+        ),
+        Variant(
+            "ort-unfused",
+            True,
+            "ORTTrainer with the LM head's loss in PyTorch from ORT's logits (ort_chunked_lm_loss=False): "
+            "what the fused loss saves where it is on by default",
+            chunked_lm_loss=False,
             tasks=("clm",),
             default=False,
         ),

@@ -38,6 +38,7 @@ _LAZY = {
     "loss_as_trainer_returns": "compat",
     "first_batch_memo": "check_memo",
     "LogitsProduct": "cpu_logits_product",
+    "fused_loss_proven": "proven",
 }
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is imported at run time)
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is impo
     from .optim import apply_fp16_optimizer, fused_adamw_cls_and_kwargs
     from .padding import trim_trailing_padding
     from .precision import BF16_ON_CUDA
+    from .proven import fused_loss_proven
     from .sampler import LoadBalancingBatchSampler
     from .wrap import EngineStatus, ORTTrainingModule, wrap_model
 

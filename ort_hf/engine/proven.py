@@ -10,6 +10,9 @@ hand. A class is listed under:
   forced on, step-1 gradients as close as without them, and that rewrite acting in the run (a
   position dropped; a node run on the real tokens only): nothing it trains reads a padding position
   the rewrite removes. Each rewrite is on by default only for the classes listed for it.
+* ``chunked_lm_loss``: the same, on packed rows with dense labels, with the fused chunked LM-head
+  loss (``module_with_loss/chunked_lm_loss.py``) forced on and run in ORT's graph, step-1
+  gradients as close: on by default, on dense labels, only for the classes listed.
 
 A model of any other class (a head the sweep did not run, a family it did not prove, a user's own
 module) trains without the rewrites and is checked by the pre-flight before its first step.
@@ -29,7 +32,8 @@ PROVEN_FILE = Path(__file__).with_name("proven_architectures.json")
 @lru_cache(maxsize=1)
 def _proven() -> dict[str, frozenset[str]]:
     data = json.loads(PROVEN_FILE.read_text()) if PROVEN_FILE.exists() else {}
-    return {key: frozenset(data.get(key, ())) for key in ("exact", "trim_padding", "eliminate_padding")}
+    keys = ("exact", "trim_padding", "eliminate_padding", "chunked_lm_loss")
+    return {key: frozenset(data.get(key, ())) for key in keys}
 
 
 def inner_model(module: nn.Module) -> nn.Module:
@@ -59,3 +63,8 @@ def proven_exact(module: nn.Module) -> bool:
 def padding_rewrite_proven(module: nn.Module, rewrite: str) -> bool:
     """Whether the sweep proved ``rewrite`` (``trim_padding`` or ``eliminate_padding``) exact for the class."""
     return model_class_name(module) in _proven()[rewrite]
+
+
+def fused_loss_proven(module: nn.Module) -> bool:
+    """Whether the sweep proved the fused chunked LM-head loss exact for the class."""
+    return model_class_name(module) in _proven()["chunked_lm_loss"]

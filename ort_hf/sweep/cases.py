@@ -13,6 +13,10 @@ class Task:
     labels: str  # data.rows: "class", "token", "span", "sequence" or "none" (the collator makes them)
     needs: tuple[str, ...] = ()  # special ids the data needs beyond pad (tiny_config.tiny_config)
     num_labels: int | None = None
+    # Rows packed as run_clm's group_texts packs them: one length per batch, no padding, every label
+    # counted (data.build_rows), instead of ragged rows padded to a multiple.
+    packed: bool = False
+    modes: tuple[str, ...] = ("default", "raw", "rewrites")  # the MODES this task runs
 
 
 TASKS = {
@@ -23,6 +27,16 @@ TASKS = {
             "token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "token", num_labels=3
         ),
         Task("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm", "none"),
+        # Dense labels: the fused chunked LM-head loss runs only there. Nothing is padded, so the
+        # padding rewrites have nothing to act on and their mode is not run.
+        Task(
+            "causal-lm-packed",
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+            "causal-lm",
+            "none",
+            packed=True,
+            modes=("default", "raw", "chunked_lm_loss"),
+        ),
         Task("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm", "none", needs=("mask",)),
         Task(
             "seq2seq-lm",
@@ -34,7 +48,7 @@ TASKS = {
         Task("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "padding", "span"),
     )
 }
-DEFAULT_TASKS = ("seq-cls", "token-cls", "causal-lm", "masked-lm", "seq2seq-lm", "question-answering")
+DEFAULT_TASKS = tuple(TASKS)
 
 # Each mode: the ORTTrainingArguments overrides of one ORT run, on top of the shared arguments and
 # EVERY_MODE's.
@@ -45,6 +59,13 @@ MODES: dict[str, dict] = {
     "default": {"ort_preflight": "always"},
     "raw": {"ort_preflight": "never", "ort_trim_padding": False, "ort_eliminate_padding": False},  # the engine alone
     "rewrites": {"ort_preflight": "never", "ort_trim_padding": True, "ort_eliminate_padding": True},  # forced on
+    # The fused chunked LM-head loss forced on (it acts on dense causal-LM labels only), nothing else.
+    "chunked_lm_loss": {
+        "ort_preflight": "never",
+        "ort_trim_padding": False,
+        "ort_eliminate_padding": False,
+        "ort_chunked_lm_loss": True,
+    },
 }
 EVERY_MODE = {
     "ort_fallback": "disable",  # a mode that quietly trained in PyTorch would prove nothing
@@ -62,6 +83,9 @@ class RunSettings:
     batch_size: int = 4
     min_len: int = 5
     max_len: int = 24
+    # A packed task's rows are at least this long: after the causal shift, (length - 1) / length of
+    # the labels count, at least the 90% above which ORTTrainer computes a dense loss.
+    packed_min_len: int = 12
     # The collators pad each batch to a multiple of this, as users' padding to a multiple of 8 or to a
     # max_length does: trailing columns are then padding in every row, the padding trim has something
     # to drop, and a model that reads a padding position shows it.

@@ -7,7 +7,9 @@ import math
 
 LOSS_ATOL = 1e-4  # each step's loss, ORTTrainer vs Trainer, for parity
 EXACT_GRAD_REL = 1e-4  # step-1 gradient relative error of a raw-mode parity that proves the engine exact
-REWRITES_GRAD_REL = 1e-5  # ... of a rewrites-mode parity that proves padding trimming and elimination exact
+# ... of a rewrites-mode parity that proves padding trimming and elimination exact, and of a
+# chunked_lm_loss-mode parity that proves the fused LM-head loss exact
+REWRITES_GRAD_REL = 1e-5
 
 CELLS = ("parity", "refused", "crash-step1", "crash", "timeout", "diverge", "not-counted")
 
@@ -109,10 +111,21 @@ def rewrites_proven(rewrites: dict | None) -> tuple[str, ...]:
     return tuple(r for r in PADDING_REWRITES if acted[r])
 
 
-def rewrites_against(rewrites: dict | None) -> bool:
-    """A rewrites-mode run that counts against the rewrites for its class: counted, and not exact
-    where something acted (a divergence, a crash, gradients off). A parity where neither acted is
+FUSED_LOSS = "chunked_lm_loss"  # proven_architectures.json's list for the fused chunked LM-head loss
+
+
+def fused_loss_proven(run: dict | None) -> bool:
+    """A chunked_lm_loss-mode run proves the fused loss exact: at parity with step-1 gradients within
+    REWRITES_GRAD_REL, and the fused loss ran in ORT's graph. Where ORTTrainer's own check on the
+    first batch kept the loss in PyTorch (logits that are not the head's projection), or the labels
+    were sparse, the run proves nothing about it."""
+    return _parity_within(run, REWRITES_GRAD_REL) and bool(run.get("chunked_lm_loss"))
+
+
+def rewrites_against(run: dict | None) -> bool:
+    """A rewrites- or chunked_lm_loss-mode run that counts against what it forced on, for its class:
+    counted, and not exact (a divergence, a crash, gradients off). A parity where nothing acted is
     neutral: it shows nothing either way."""
-    if not rewrites or rewrites.get("cell") == "not-counted":
+    if not run or run.get("cell") == "not-counted":
         return False
-    return not _parity_within(rewrites, REWRITES_GRAD_REL)
+    return not _parity_within(run, REWRITES_GRAD_REL)

@@ -36,13 +36,18 @@ def build_tokenizer(specials: SpecialIds):
 
 
 def build_rows(task: Task, specials: SpecialIds, settings: RunSettings) -> list[dict]:
-    """``steps x batch_size`` rows of seeded random ids that no special token uses, 5..24 long."""
+    """``steps x batch_size`` rows of seeded random ids that no special token uses, ``min_len`` to
+    ``max_len`` long; a packed task's rows share one length per batch, from ``packed_min_len`` (the
+    trainers take the rows in order)."""
     rng = random.Random(settings.seed)
     ordinary = specials.ordinary()
     num_labels = task.num_labels or 2
     rows = []
-    for _ in range(settings.steps * settings.batch_size):
-        length = rng.randint(settings.min_len, settings.max_len)
+    for i in range(settings.steps * settings.batch_size):
+        if not task.packed:
+            length = rng.randint(settings.min_len, settings.max_len)
+        elif i % settings.batch_size == 0:
+            length = rng.randint(settings.packed_min_len, settings.max_len)
         row = {"input_ids": [rng.choice(ordinary) for _ in range(length)]}
         if task.labels == "class":
             row["labels"] = rng.randrange(num_labels)
@@ -67,7 +72,8 @@ def build_collator(task: Task, tokenizer, model, settings: RunSettings):
         DataCollatorWithPadding,
     )
 
-    kind, multiple = task.collator, settings.pad_to_multiple_of
+    kind = task.collator
+    multiple = None if task.packed else settings.pad_to_multiple_of  # packed rows have nothing to pad
     if kind == "padding":
         return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)
     if kind == "token-classification":

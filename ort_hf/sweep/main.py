@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes",
         type=_names(list(MODES)),
         default=list(MODES),
-        help=f"comma-separated, from {', '.join(MODES)} (default: all)",
+        help=f"comma-separated, from {', '.join(MODES)} (default: all; each task runs those of its own)",
     )
     parser.add_argument(
         "--types",
@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     out, logs = Path(args.out), Path(args.logs)
     stored = {task: read_results(results_path(out, task)) for task in args.tasks}
     cases = [
-        (task, t, missing_modes(stored[task].get(t), args.modes, args.redo)) for task, t in plan(args.tasks, args.types)
+        (task, t, missing_modes(stored[task].get(t), [m for m in args.modes if m in TASKS[task].modes], args.redo))
+        for task, t in plan(args.tasks, args.types)
     ]
     todo = [c for c in cases if c[2]]
     skipped = len(cases) - len(todo)

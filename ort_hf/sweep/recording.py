@@ -21,11 +21,15 @@ class StepRecorder(TrainerCallback):
         self.digests: list[str] = []
         self.grads: dict[str, torch.Tensor] | None = None
         self.steps_done = 0
+        self.facts: dict[str, float] = {}  # ORTTrainer's logged facts about its graph (ort/...)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if state.global_step == 0 and self.grads is None:
             # model is the plain HF model for both trainers: ORT writes its gradients into its parameters.
             self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.facts.update({k: v for k, v in (logs or {}).items() if k.startswith("ort/")})
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps_done = state.global_step

@@ -11,10 +11,12 @@ from .cases import EVERY_MODE, MODES, SETTINGS, TASKS
 from .cells import (
     CELLS,
     EXACT_GRAD_REL,
+    FUSED_LOSS,
     LOSS_ATOL,
     PADDING_REWRITES,
     REWRITES_GRAD_REL,
     engine_exact,
+    fused_loss_proven,
     rewrites_against,
     rewrites_proven,
 )
@@ -29,8 +31,11 @@ def shipped_result(record: dict, proven: dict) -> dict | None:
     """What ORTTrainer's defaults do for this case once the proven lists are in place: a class proven
     exact skips the pre-flight (the ``raw`` run, or ``rewrites`` where those are proven too); any
     other class runs as the ``default`` mode ran it (pre-flight, no padding rewrite). A class proven for
-    one rewrite only gets that one, which is the ``rewrites`` run too: the other did not act in it."""
+    one rewrite only gets that one, which is the ``rewrites`` run too: the other did not act in it.
+    A class proven for the fused LM-head loss gets it on dense labels: its ``chunked_lm_loss`` run."""
     modes, name = record["modes"], record.get("model_class")
+    if name in proven[FUSED_LOSS] and FUSED_LOSS in modes:
+        return modes[FUSED_LOSS]
     if any(name in proven[r] for r in PADDING_REWRITES) and "rewrites" in modes:
         return modes["rewrites"]
     if name in proven["exact"] and "raw" in modes:
@@ -196,6 +201,7 @@ def _conditions(results: dict[str, dict[str, dict]]) -> str:
 
 def markdown(results: dict[str, dict[str, dict]]) -> str:
     s = SETTINGS
+    task_modes = "; ".join(f"{t.name}: {', '.join(t.modes)}" for t in TASKS.values())
     modes = "\n".join(
         f"- `{m}`: {', '.join(f'{k}={v!r}' for k, v in o.items()) or 'ORTTrainer defaults'}" for m, o in MODES.items()
     )
@@ -215,7 +221,11 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             f"the right to a multiple of {s.pad_to_multiple_of} by transformers' own collator for the task "
             "(`pad_to_multiple_of`: some columns are padding in every row, as users' padding to a multiple or to "
             "a maximum length leaves them; masked LM: the collator's seeded masking, the "
-            "same in both runs). Each case runs in its own process with a time limit per run.",
+            "same in both runs). The `causal-lm-packed` task packs its rows instead, as `run_clm`'s "
+            f"`group_texts` does: one length per batch, {s.packed_min_len}-{s.max_len} tokens, nothing padded, "
+            "every label counted (dense labels, where the fused LM-head loss acts). Each task runs the modes "
+            f"of its own ({task_modes}). "
+            "Each case runs in its own process with a time limit per run.",
             "",
             "ORT runs once per mode, each from fresh weights:",
             "",
@@ -223,7 +233,7 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             "",
             f"**{SHOWN_MODE}** is what ORTTrainer's defaults do with the lists below in place: a class proven "
             "exact skips the pre-flight, so its cell is its `raw` run (its `rewrites` run where the padding "
-            "rewrites are proven too); every other class runs as the `default` mode ran it (pre-flight on "
+            f"rewrites are proven too, its `{FUSED_LOSS}` run where the fused loss is); every other class runs as the `default` mode ran it (pre-flight on "
             "the first batch, padding rewrites off).",
             "",
             f"Cells: **parity** (every step's loss within {LOSS_ATOL:g} of Trainer's and ORT proven to have run), "
@@ -238,7 +248,10 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             "pre-flight passed at another length and row count), as `exact`, and those whose "
             f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `trim_padding` where the "
             "trim dropped a position in that run, and as `eliminate_padding` where the elimination ran a node on "
-            "the real tokens only: each rewrite is on by default only for the classes listed for it. A class with "
+            "the real tokens only: each rewrite is on by default only for the classes listed for it. Those whose "
+            f"`{FUSED_LOSS}` mode is parity with gradients within {REWRITES_GRAD_REL:g} and had the fused loss in "
+            f"ORT's graph are listed as `{FUSED_LOSS}`: the fused loss is on by default, on dense labels, only "
+            "for them. A class with "
             "a counted run against it in any task (a mode's run that is neither parity nor not counted) is not "
             "listed.",
             "",
@@ -298,19 +311,24 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
                 proof.setdefault(name, set()).update(rewrites_proven(rewrites))
             if rewrites_against(rewrites):
                 against.setdefault(name, set()).update(PADDING_REWRITES)
+            if raw and raw["cell"] == "parity" and fused_loss_proven(modes.get(FUSED_LOSS)):
+                proof.setdefault(name, set()).add(FUSED_LOSS)
+            if rewrites_against(modes.get(FUSED_LOSS)):
+                against.setdefault(name, set()).add(FUSED_LOSS)
     lists = {
         key: {n for n, keys in proof.items() if key in keys - against.get(n, set())}
-        for key in ("exact", *PADDING_REWRITES)
+        for key in ("exact", *PADDING_REWRITES, FUSED_LOSS)
     }
     return {
         "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
         f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
         "default-mode (pre-flight) parity; "
         f"trim_padding, eliminate_padding: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}, "
-        "where that rewrite acted; no task's counted run against the class.",
+        f"where that rewrite acted; {FUSED_LOSS}: also {FUSED_LOSS}-mode parity with error <= "
+        f"{REWRITES_GRAD_REL:g}, the fused loss in ORT's graph; no task's counted run against the class.",
         "exact": sorted(lists["exact"]),
-        # a class not proven exact runs the pre-flight, rewrites off
-        **{key: sorted(lists[key] & lists["exact"]) for key in PADDING_REWRITES},
+        # a class not proven exact runs the pre-flight, rewrites and fused loss off
+        **{key: sorted(lists[key] & lists["exact"]) for key in (*PADDING_REWRITES, FUSED_LOSS)},
     }
 
 

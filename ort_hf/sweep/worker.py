@@ -176,6 +176,8 @@ def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:
         "export_s": status.export_seconds if status is not None else None,
         "swapped": status.swapped if status is not None else None,
         "padding": _padding_facts(engine),
+        # The fused LM-head loss ran as a PythonOp of ORT's graph (first_step checks the graph).
+        "chunked_lm_loss": bool(recorder.facts.get("ort/chunked_lm_loss")),
         "batches_differ_at_step": mismatch,
         **gradient_errors(reference["grads"] or {}, recorder.grads),
         "wall_s": time.perf_counter() - started,

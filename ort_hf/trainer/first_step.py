@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo
+from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo, fused_loss_proven
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.chunked_lm_loss import PRODUCTS
@@ -66,11 +66,16 @@ def place_loss(module, inputs: dict, num_items_in_batch, args, pythonop: bool) -
 def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool, memo) -> None:
     """Dense labels: the causal LM's head and loss fused in the graph where that is exact, else the loss
     in PyTorch from ORT's logits."""
-    refusal = (
-        chunked_head_refusal(module, inputs, pythonop, memo)
-        if args.ort_chunked_lm_loss
-        else "--ort_chunked_lm_loss is off"
-    )
+    asked = args.ort_chunked_lm_loss
+    if asked is False:
+        refusal = "--ort_chunked_lm_loss is off"
+    elif asked is None and not fused_loss_proven(module.model):
+        refusal = (
+            f"the architecture sweep has not proven it exact for {type(module.model).__name__} "
+            "(--ort_chunked_lm_loss true to use it where the first batch's check passes)"
+        )
+    else:
+        refusal = chunked_head_refusal(module, inputs, pythonop, memo)
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count

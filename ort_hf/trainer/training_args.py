@@ -82,16 +82,18 @@ class ORTTrainingArguments(TrainingArguments):
             "choices": ("auto", "always", "never"),
         },
     )
-    # Why off by default: docs/how-it-works.md, ModuleWithLoss.
-    ort_chunked_lm_loss: bool = field(
-        default=False,
+    # Why on only where the sweep proved it: docs/how-it-works.md, ModuleWithLoss.
+    ort_chunked_lm_loss: bool | None = field(
+        default=None,
         metadata={
             "help": "With ModuleWithLoss and dense causal-LM labels (--ort_loss_in_graph auto, label sparsity "
             "with nothing to drop), compute the LM head's projection and the cross-entropy fused, in row chunks, "
-            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul, --ort_cpu_lm_head_forward_swap): no full logits, none crossing to "
-            "PyTorch. Used where the first batch shows the model's logits are its head's projection of its "
-            "backbone's hidden states (float32, no PEFT); otherwise, and by default, the loss runs in PyTorch "
-            "from ORT's logits."
+            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul, "
+            "--ort_cpu_lm_head_forward_swap): no full logits, none crossing to PyTorch. Used where the first "
+            "batch shows the model's logits are its head's projection of its backbone's hidden states (float32, "
+            "no PEFT); otherwise the loss runs in PyTorch from ORT's logits. Default: on for the model classes "
+            "the architecture sweep proved exact with it (ort_hf/engine/proven_architectures.json, "
+            "chunked_lm_loss), off for the others; true: on for any model that passes the first-batch check."
         },
     )
     ort_load_balancing_sampler: bool = field(
