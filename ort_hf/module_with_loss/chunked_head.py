@@ -50,7 +50,10 @@ def _logits_are_projection(model, head, backbone, rows: dict) -> dict:
     with side_effect_free(model):  # each block starts from the same RNG state: the same dropout masks
         logits = _output(model(**rows), "logits")
     with side_effect_free(model):
-        projected = head(_output(backbone(**rows), "last_hidden_state"))
+        hidden = _output(backbone(**rows), "last_hidden_state")
+    if hidden.shape[-1] != head.in_features:  # a step between resizes them (ELECTRA's generator head)
+        return {"same": False}
+    projected = head(hidden)
     same = logits.shape == projected.shape and torch.allclose(logits.float(), projected.float(), rtol=1e-5, atol=1e-5)
     return {"same": bool(same)}
 

@@ -2,6 +2,7 @@
 the same loss and gradients as the model's own, and ORT ran it as a PythonOp."""
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from tiny_models import FAMILIES, build, id_dataset, make_batch, tiny_args
 from transformers import Trainer, TrainingArguments
 
 from ort_hf.engine import LogitsProduct, ORTOptions, wrap_model
+from ort_hf.engine import proven as proven_module
 from ort_hf.module_with_loss import ModuleWithLoss, chunked_lm_loss
 from ort_hf.module_with_loss.chunked_head import fused_in_graph
 from ort_hf.module_with_loss.chunked_lm_loss import chunked_linear_cross_entropy
@@ -117,8 +119,47 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-def test_by_default_the_loss_runs_in_pytorch(tmp_path):
-    trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1)
+@pytest.mark.parametrize("proven", [True, False], ids=["proven", "not-proven"])
+def test_by_default_it_runs_only_for_classes_the_sweep_proved(tmp_path, monkeypatch, caplog, proven):
+    listed = frozenset({"GPT2LMHeadModel"} if proven else ())
+    lists = {"exact": frozenset(), "trim_padding": frozenset(), "eliminate_padding": frozenset()}
+    monkeypatch.setattr(proven_module, "_proven", lambda: {**lists, "chunked_lm_loss": listed})
+    with caplog.at_level(logging.INFO, logger="ort_hf"):
+        trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1)
+    logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
+    assert trainer.ort_engine_status().backend == "ort"
+    assert logged["ort/chunked_lm_loss"] == logged["ort/loss_in_graph"] == float(proven)
+    assert fused_in_graph(trainer.ort_engine.training_graph()) is proven
+    if not proven:  # the log says why, and how to turn it on
+        assert "has not proven it exact for GPT2LMHeadModel (--ort_chunked_lm_loss true" in caplog.text
+
+
+def test_false_keeps_the_loss_in_pytorch_for_a_proven_class(tmp_path, monkeypatch):
+    lists = {"exact": frozenset(), "trim_padding": frozenset(), "eliminate_padding": frozenset()}
+    monkeypatch.setattr(proven_module, "_proven", lambda: {**lists, "chunked_lm_loss": frozenset({"GPT2LMHeadModel"})})
+    trainer, _, _ = _train(
+        ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=False
+    )
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
     assert logged["ort/chunked_lm_loss"] == 0.0 and logged["ort/loss_in_graph"] == 0.0
     assert not fused_in_graph(trainer.ort_engine.training_graph())
+
+
+def test_a_head_over_resized_hidden_states_is_refused_not_crashed():
+    """ELECTRA's generator resizes the backbone's hidden states (64) to its embedding size (32)
+    before its head: the check on the first batch refuses the fused loss instead of raising."""
+    from transformers import ElectraConfig, ElectraForCausalLM
+
+    from ort_hf.module_with_loss.chunked_head import chunked_head_refusal
+    from ort_hf.module_with_loss.loss_choice import choose_loss
+
+    config = ElectraConfig(
+        vocab_size=100, embedding_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, is_decoder=True,
+    )  # fmt: skip
+    model = ElectraForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    module = ModuleWithLoss(model)
+    module.use(choose_loss(module, batch, None))
+    assert "logits are not its head's projection" in chunked_head_refusal(module, batch, True)
