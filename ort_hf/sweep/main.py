@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         task, model_type, modes = case
         record = run_case(task, model_type, modes, args.timeout, logs / task / f"{model_type}.log", args.fork)
         record.update(tree=tree, versions=versions)
+        for result in record["modes"].values():
+            result["tree"] = tree  # a later run of some modes leaves the others' tree as it was
         with lock:
             stored[task][model_type] = merge(stored[task].get(model_type), record)  # modes not run are kept
             write_results(results_path(out, task), stored[task])

@@ -194,7 +194,7 @@ def _waiting(results: dict[str, dict[str, dict]]) -> list[str]:
 
 def _conditions(results: dict[str, dict[str, dict]]) -> str:
     records = [r for records in results.values() for r in records.values()]
-    trees = sorted({r.get("tree", "unknown") for r in records})
+    trees = sorted({m.get("tree", r.get("tree", "unknown")) for r in records for m in r["modes"].values()})
     versions = sorted({r.get("versions", "unknown") for r in records})
     return f"Results from tree {', '.join(trees)}; {'; '.join(versions)}."
 

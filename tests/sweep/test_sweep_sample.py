@@ -12,7 +12,7 @@ import torch
 from ort_hf.engine import ORTFallbackError
 from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify, rewrites_proven
 from ort_hf.sweep.recording import describe_exception, gradient_errors
-from ort_hf.sweep.render import markdown, proven_lists
+from ort_hf.sweep.render import markdown, proven_lists, shipped_result
 from ort_hf.sweep.runner import run_case
 from ort_hf.sweep.tiny_config import DEPTHS, HEAD_COUNTS, HEADS, LAYERS, VOCAB, size_problems, tiny_config
 from ort_hf.sweep.waits_for import waits_for
@@ -229,3 +229,53 @@ def test_a_class_that_heads_two_tasks_is_listed_only_if_neither_counts_against_i
     idle["modes"]["rewrites"]["padding"] = {"kept_tokens": 40, "total_tokens": 40, "unpadded_nodes": 0}
     proven = proven_lists({"masked-lm": {"bart": good}, "seq2seq-lm": {"bart": idle}})  # a run that shows nothing
     assert proven["trim_padding"] == ["BartForConditionalGeneration"]
+
+
+def _packed_record(chunked: dict) -> dict:
+    """A causal-lm-packed record of LlamaForCausalLM whose chunked_lm_loss run is ``chunked``."""
+    record = _record("llama", "LlamaForCausalLM", "parity", 1e-7, 1e-7)
+    del record["modes"]["rewrites"]
+    record["modes"]["chunked_lm_loss"] = {**record["modes"]["raw"], **chunked}
+    return record
+
+
+@pytest.mark.parametrize(
+    ("chunked", "listed"),
+    [
+        ({"cell": "parity", "grad_rel_error": 1e-7, "chunked_lm_loss": True}, True),
+        ({"cell": "parity", "grad_rel_error": 1e-7, "chunked_lm_loss": False}, False),  # kept in PyTorch
+        ({"cell": "parity", "grad_rel_error": 2e-5, "chunked_lm_loss": True}, False),  # gradients moved
+        ({"cell": "diverge", "grad_rel_error": 0.3, "chunked_lm_loss": True}, False),
+    ],
+    ids=["fused-exact", "not-fused", "gradients-off", "diverged"],
+)
+def test_the_fused_loss_is_proven_only_where_it_ran_and_held(chunked, listed):
+    results = {"causal-lm-packed": {"llama": _packed_record(chunked)}}
+    proven = proven_lists(results)
+    assert proven["exact"] == ["LlamaForCausalLM"]
+    assert proven["chunked_lm_loss"] == (["LlamaForCausalLM"] if listed else [])
+    # What users get on dense labels is the fused run where it is listed, else the raw one.
+    shown = shipped_result(results["causal-lm-packed"]["llama"], proven)
+    assert shown is results["causal-lm-packed"]["llama"]["modes"]["chunked_lm_loss" if listed else "raw"]
+
+
+def test_a_fused_loss_run_against_a_class_in_any_task_unlists_it():
+    good = _packed_record({"cell": "parity", "grad_rel_error": 1e-7, "chunked_lm_loss": True})
+    bad = _packed_record({"cell": "crash", "grad_rel_error": None, "chunked_lm_loss": True})
+    proven = proven_lists({"causal-lm-packed": {"llama": good}, "other": {"llama": bad}})
+    assert proven["chunked_lm_loss"] == [] and proven["exact"] == ["LlamaForCausalLM"]
+
+
+def test_packed_rows_give_dense_labels_and_change_length_between_batches():
+    from ort_hf.engine import SPARSITY_THRESHOLD
+    from ort_hf.sweep.cases import SETTINGS, TASKS
+    from ort_hf.sweep.data import build_rows
+
+    _, specials = tiny_config("llama", (), None)
+    rows = build_rows(TASKS["causal-lm-packed"], specials, SETTINGS)
+    lengths = [len(r["input_ids"]) for r in rows]
+    batches = [lengths[i : i + SETTINGS.batch_size] for i in range(0, len(lengths), SETTINGS.batch_size)]
+    assert all(len(set(b)) == 1 for b in batches)  # nothing for the collator to pad
+    assert len({b[0] for b in batches}) > 1  # the graph sees more than one length
+    assert min(lengths) >= SETTINGS.packed_min_len
+    assert (SETTINGS.packed_min_len - 1) / SETTINGS.packed_min_len >= SPARSITY_THRESHOLD  # dense after the shift

@@ -1,6 +1,6 @@
 """Where ModuleWithLoss's cross-entropy runs: inside the ORT graph when label sparsity can fire,
-in PyTorch from ORT's logits when labels are dense (unless --ort_chunked_lm_loss:
-test_chunked_lm_loss.py). Same losses either way."""
+in PyTorch from ORT's logits when labels are dense and the fused LM-head loss is off
+(--ort_chunked_lm_loss false here; that loss: test_chunked_lm_loss.py). Same losses either way."""
 
 import pytest
 import torch
@@ -40,10 +40,15 @@ def pytorch_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("placement", ["auto", "always"])
-def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_by_default(pytorch_runs, tmp_path, placement):
+def test_dense_causal_lm_labels_keep_the_loss_in_pytorch_unless_fused(pytorch_runs, tmp_path, placement):
     _, ref_losses, ref_params = pytorch_runs[0]
     trainer, losses, params = _train(
-        ORTTrainer, ORTTrainingArguments, tmp_path, _clm_dataset(0), ort_loss_in_graph=placement
+        ORTTrainer,
+        ORTTrainingArguments,
+        tmp_path,
+        _clm_dataset(0),
+        ort_loss_in_graph=placement,
+        ort_chunked_lm_loss=False,
     )
     assert trainer.ort_engine_status().backend == "ort"
     assert _logged(trainer, "ort/loss_in_graph") == (placement == "always")
@@ -60,7 +65,13 @@ def test_gpt2_labels_are_shifted_like_its_own_loss(tmp_path, placement):
     data = _clm_dataset(0)
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", data, family="gpt2-clm")
     trainer, losses, params = _train(
-        ORTTrainer, ORTTrainingArguments, tmp_path / "ort", data, family="gpt2-clm", ort_loss_in_graph=placement
+        ORTTrainer,
+        ORTTrainingArguments,
+        tmp_path / "ort",
+        data,
+        family="gpt2-clm",
+        ort_loss_in_graph=placement,
+        ort_chunked_lm_loss=False,
     )
     assert trainer.ort_engine_status().backend == "ort"
     assert trainer._ort_run.loss_module.shift_labels is True
