@@ -93,7 +93,9 @@ class ORTTrainingArguments(TrainingArguments):
             "batch shows the model's logits are its head's projection of its backbone's hidden states (float32, "
             "no PEFT); otherwise the loss runs in PyTorch from ORT's logits. Default: on for the model classes "
             "the architecture sweep proved exact with it (ort_hf/engine/proven_architectures.json, "
-            "chunked_lm_loss), off for the others; true: on for any model that passes the first-batch check."
+            "chunked_lm_loss), off for the others; true: on for any model that passes the first-batch check.",
+            "nargs": "?",  # --ort_chunked_lm_loss alone means true
+            "const": True,
         },
     )
     ort_load_balancing_sampler: bool = field(

@@ -195,3 +195,12 @@ def test_every_ort_option_is_declared_once():
         else:
             assert arg.default == option.default, option.name
     assert ORTTrainingArguments(output_dir=OUT, report_to=[]).ort_options() == ORTOptions()
+
+
+@pytest.mark.parametrize(
+    ("argv", "value"),
+    [([], None), (["--ort_chunked_lm_loss"], True), (["--ort_chunked_lm_loss", "false"], False)],
+    ids=["default-proven-classes", "alone-means-true", "false"],
+)
+def test_the_fused_lm_loss_flag_has_three_states(argv, value):
+    assert _parse(*argv).ort_chunked_lm_loss is value
