@@ -63,16 +63,25 @@ class ExportPeak:
 
     The memory observer resets the peak when the first step begins, so the peak read when the
     trace leaves the model's forward covers the export alone: ORT's output-structure pass and
-    the trace, before its gradient graph and session are built."""
+    the trace, before its gradient graph and session are built. Where the fused LM-head loss
+    runs, the graph calls the model's backbone and not its forward: the backbone's end is read
+    too, and the later of the two readings kept."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         from ..callbacks.memory import ProcessMemory
 
         self.peak_mb: float | None = None
         self._memory = ProcessMemory()
-        self._handle = model.register_forward_hook(self._at_forward_end)
+        backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
+        modules = [model] + ([backbone] if isinstance(backbone, torch.nn.Module) and backbone is not model else [])
+        self._readings: dict[int, float] = {}  # the first trace's reading, per module
+        self._handles = [m.register_forward_hook(self._at_forward_end) for m in modules]
 
     def _at_forward_end(self, module, args, output):
-        if torch.jit.is_tracing() and self.peak_mb is None:
-            self.peak_mb = self._memory.peak_mb()
-            self._handle.remove()
+        if not torch.jit.is_tracing() or id(module) in self._readings:
+            return
+        self._readings[id(module)] = self._memory.peak_mb()
+        self.peak_mb = max(self._readings.values())
+        if len(self._readings) == len(self._handles):
+            for handle in self._handles:
+                handle.remove()

@@ -5,6 +5,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from ort_hf.bench.cpu import cpu_record
 from ort_hf.cli import main
@@ -121,3 +122,26 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     by_cpu = (root / "by-cpu.md").read_text()
     assert "| sst2-dynamic | ort |" in by_cpu and f"## {cpu_record()['model']}" in by_cpu
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_export_peak_is_read_where_the_trace_calls_only_the_backbone():
+    """With the fused LM-head loss the graph calls the backbone, not the model's forward."""
+    from tiny_models import FAMILIES, build
+
+    from ort_hf.bench.timing import ExportPeak
+
+    model = build(FAMILIES["llama-clm"])
+    peak = ExportPeak(model)
+    ids = torch.randint(0, 100, (2, 8))
+    model.model(input_ids=ids)  # outside a trace: nothing read
+    assert peak.peak_mb is None
+    class Backbone(torch.nn.Module):  # as the fused loss's graph calls it
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(input_ids=x).last_hidden_state
+
+    torch.jit.trace(Backbone(model.model), (ids,), check_trace=False)
+    assert peak.peak_mb is not None and peak.peak_mb > 0
