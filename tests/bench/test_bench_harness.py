@@ -135,6 +135,7 @@ def test_the_export_peak_is_read_where_the_trace_calls_only_the_backbone():
     ids = torch.randint(0, 100, (2, 8))
     model.model(input_ids=ids)  # outside a trace: nothing read
     assert peak.peak_mb is None
+
     class Backbone(torch.nn.Module):  # as the fused loss's graph calls it
         def __init__(self, inner):
             super().__init__()
