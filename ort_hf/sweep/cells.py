@@ -114,7 +114,7 @@ def rewrites_proven(rewrites: dict | None) -> tuple[str, ...]:
 FUSED_LOSS = "chunked_lm_loss"  # proven_architectures.json's list for the fused chunked LM-head loss
 
 
-def fused_loss_proven(run: dict | None) -> bool:
+def proves_fused_loss(run: dict | None) -> bool:
     """A chunked_lm_loss-mode run proves the fused loss exact: at parity with step-1 gradients within
     REWRITES_GRAD_REL, and the fused loss ran in ORT's graph. Where ORTTrainer's own check on the
     first batch kept the loss in PyTorch (logits that are not the head's projection), or the labels

@@ -16,7 +16,7 @@ from .cells import (
     PADDING_REWRITES,
     REWRITES_GRAD_REL,
     engine_exact,
-    fused_loss_proven,
+    proves_fused_loss,
     rewrites_against,
     rewrites_proven,
 )
@@ -311,7 +311,7 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
                 proof.setdefault(name, set()).update(rewrites_proven(rewrites))
             if rewrites_against(rewrites):
                 against.setdefault(name, set()).update(PADDING_REWRITES)
-            if raw and raw["cell"] == "parity" and fused_loss_proven(modes.get(FUSED_LOSS)):
+            if raw and raw["cell"] == "parity" and proves_fused_loss(modes.get(FUSED_LOSS)):
                 proof.setdefault(name, set()).add(FUSED_LOSS)
             if rewrites_against(modes.get(FUSED_LOSS)):
                 against.setdefault(name, set()).add(FUSED_LOSS)
