@@ -234,7 +234,7 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             f"**{SHOWN_MODE}** is what ORTTrainer's defaults do with the lists below in place: a class proven "
             "exact skips the pre-flight, so its cell is its `raw` run (its `rewrites` run where the padding "
             f"rewrites are proven too, its `{FUSED_LOSS}` run where the fused loss is); every other class runs as the `default` mode ran it (pre-flight on "
-            "the first batch, padding rewrites off).",
+            "the first batch, padding rewrites and fused loss off).",
             "",
             f"Cells: **parity** (every step's loss within {LOSS_ATOL:g} of Trainer's and ORT proven to have run), "
             "**refused** (ORTTrainer stopped before the first optimizer step with a message of its own), "
