@@ -119,11 +119,15 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
+def _fused_loss_proven_for(monkeypatch, names: set[str]) -> None:
+    """The sweep's lists with only ``names`` proven for the fused loss."""
+    lists = {key: frozenset() for key in ("exact", "trim_padding", "eliminate_padding")}
+    monkeypatch.setattr(proven_module, "_proven", lambda: {**lists, "chunked_lm_loss": frozenset(names)})
+
+
 @pytest.mark.parametrize("proven", [True, False], ids=["proven", "not-proven"])
 def test_by_default_it_runs_only_for_classes_the_sweep_proved(tmp_path, monkeypatch, caplog, proven):
-    listed = frozenset({"GPT2LMHeadModel"} if proven else ())
-    lists = {"exact": frozenset(), "trim_padding": frozenset(), "eliminate_padding": frozenset()}
-    monkeypatch.setattr(proven_module, "_proven", lambda: {**lists, "chunked_lm_loss": listed})
+    _fused_loss_proven_for(monkeypatch, {"GPT2LMHeadModel"} if proven else set())
     with caplog.at_level(logging.INFO, logger="ort_hf"):
         trainer, _, _ = _train(ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1)
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
@@ -135,8 +139,7 @@ def test_by_default_it_runs_only_for_classes_the_sweep_proved(tmp_path, monkeypa
 
 
 def test_false_keeps_the_loss_in_pytorch_for_a_proven_class(tmp_path, monkeypatch):
-    lists = {"exact": frozenset(), "trim_padding": frozenset(), "eliminate_padding": frozenset()}
-    monkeypatch.setattr(proven_module, "_proven", lambda: {**lists, "chunked_lm_loss": frozenset({"GPT2LMHeadModel"})})
+    _fused_loss_proven_for(monkeypatch, {"GPT2LMHeadModel"})
     trainer, _, _ = _train(
         ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=False
     )
