@@ -122,7 +122,7 @@ def proves_fused_loss(run: dict | None) -> bool:
     return _parity_within(run, REWRITES_GRAD_REL) and bool(run.get("chunked_lm_loss"))
 
 
-def rewrites_against(run: dict | None) -> bool:
+def counts_against(run: dict | None) -> bool:
     """A rewrites- or chunked_lm_loss-mode run that counts against what it forced on, for its class:
     counted, and not exact (a divergence, a crash, gradients off). A parity where nothing acted is
     neutral: it shows nothing either way."""

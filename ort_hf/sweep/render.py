@@ -15,9 +15,9 @@ from .cells import (
     LOSS_ATOL,
     PADDING_REWRITES,
     REWRITES_GRAD_REL,
+    counts_against,
     engine_exact,
     proves_fused_loss,
-    rewrites_against,
     rewrites_proven,
 )
 from .messages import condense
@@ -309,11 +309,11 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
                 against.setdefault(name, set()).add("exact")
             if raw and raw["cell"] == "parity":
                 proof.setdefault(name, set()).update(rewrites_proven(rewrites))
-            if rewrites_against(rewrites):
+            if counts_against(rewrites):
                 against.setdefault(name, set()).update(PADDING_REWRITES)
             if raw and raw["cell"] == "parity" and proves_fused_loss(modes.get(FUSED_LOSS)):
                 proof.setdefault(name, set()).add(FUSED_LOSS)
-            if rewrites_against(modes.get(FUSED_LOSS)):
+            if counts_against(modes.get(FUSED_LOSS)):
                 against.setdefault(name, set()).add(FUSED_LOSS)
     lists = {
         key: {n for n, keys in proof.items() if key in keys - against.get(n, set())}
