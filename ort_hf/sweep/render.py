@@ -18,6 +18,7 @@ from .cells import (
     counts_against,
     engine_exact,
     proves_fused_loss,
+    rewrite_bound,
     rewrites_proven,
 )
 from .messages import condense
@@ -25,6 +26,10 @@ from .results import read_results, results_path
 from .waits_for import waits_for
 
 SHOWN_MODE = "as shipped"  # the per-type table shows what users get
+BOUND_NOTE = (
+    "plus twice the model's float32 floor, how far PyTorch's own float32 gradients are from float64's, "
+    "where the case measured it"
+)
 
 
 def shipped_result(record: dict, proven: dict) -> dict | None:
@@ -114,9 +119,14 @@ def _seconds(results: dict[str, dict[str, dict]]) -> list[str]:
 REWRITE_NAMES = {"trim_padding": "trim", "eliminate_padding": "elimination"}
 
 
-def _why_not_exact(rewrites: dict) -> str:
+def _floor(record: dict) -> float | None:
+    """The record's float32 floor (cells.rewrite_bound), where its reference measured one."""
+    return (record.get("reference") or {}).get("fp32_grad_floor")
+
+
+def _why_not_exact(rewrites: dict, floor: float | None) -> str:
     grads = rewrites.get("grad_rel_error")
-    if rewrites["cell"] == "parity" and grads is not None and grads > REWRITES_GRAD_REL:
+    if rewrites["cell"] == "parity" and grads is not None and grads > rewrite_bound(floor):
         return f"step-1 gradients off by {grads:.1e}"
     if rewrites["cell"] == "parity":
         return "neither acted"
@@ -124,10 +134,10 @@ def _why_not_exact(rewrites: dict) -> str:
 
 
 def _rewrites_note(by_task: dict[str, dict]) -> str:
-    proofs = {t: rewrites_proven(r["modes"].get("rewrites")) for t, r in by_task.items()}
+    proofs = {t: rewrites_proven(r["modes"].get("rewrites"), _floor(r)) for t, r in by_task.items()}
     exact = [f"{t} ({', '.join(REWRITE_NAMES[r] for r in proofs[t])})" for t in by_task if proofs[t]]
     inexact = [
-        f"{t} ({_why_not_exact(r['modes']['rewrites'])})"
+        f"{t} ({_why_not_exact(r['modes']['rewrites'], _floor(r))})"
         for t, r in by_task.items()
         if "rewrites" in r["modes"] and not proofs[t]
     ]
@@ -246,10 +256,10 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             f"`ort_hf/engine/proven_architectures.json` lists the model classes with `raw` parity and step-1 "
             f"gradients within {EXACT_GRAD_REL:g} (relative, all parameters together), and `default` parity (the "
             "pre-flight passed at another length and row count), as `exact`, and those whose "
-            f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} as `trim_padding` where the "
+            f"`rewrites` mode is also parity with gradients within {REWRITES_GRAD_REL:g} ({BOUND_NOTE}) as `trim_padding` where the "
             "trim dropped a position in that run, and as `eliminate_padding` where the elimination ran a node on "
             "the real tokens only: each rewrite is on by default only for the classes listed for it. Those whose "
-            f"`{FUSED_LOSS}` mode is parity with gradients within {REWRITES_GRAD_REL:g} and had the fused loss in "
+            f"`{FUSED_LOSS}` mode is parity with gradients within that bound and had the fused loss in "
             f"ORT's graph are listed as `{FUSED_LOSS}`: the fused loss is on by default, on dense labels, only "
             "for them. A class with "
             "a counted run against it in any task (a mode's run that is neither parity nor not counted) is not "
@@ -286,7 +296,7 @@ def markdown(results: dict[str, dict[str, dict]]) -> str:
             f"## Model types ({SHOWN_MODE})",
             "",
             "`–`: the type is not in that task's mapping. The last column is the `rewrites` mode's verdict per task "
-            f"(parity and step-1 gradients within {REWRITES_GRAD_REL:g}).",
+            f"(parity and step-1 gradients within {REWRITES_GRAD_REL:g}, {BOUND_NOTE}).",
             "",
             *_per_type(results),
             "",
@@ -301,19 +311,19 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
     against: dict[str, set[str]] = {}
     for records in results.values():
         for record in records.values():
-            name, modes = record["model_class"], record["modes"]
+            name, modes, floor = record["model_class"], record["modes"], _floor(record)
             raw, default, rewrites = modes.get("raw"), modes.get("default"), modes.get("rewrites")
             if engine_exact(raw) and (default or {}).get("cell") == "parity":
                 proof.setdefault(name, set()).add("exact")
             elif any(run and run["cell"] != "not-counted" for run in (raw, default)):
                 against.setdefault(name, set()).add("exact")
             if raw and raw["cell"] == "parity":
-                proof.setdefault(name, set()).update(rewrites_proven(rewrites))
-            if counts_against(rewrites):
+                proof.setdefault(name, set()).update(rewrites_proven(rewrites, floor))
+            if counts_against(rewrites, floor):
                 against.setdefault(name, set()).update(PADDING_REWRITES)
-            if raw and raw["cell"] == "parity" and proves_fused_loss(modes.get(FUSED_LOSS)):
+            if raw and raw["cell"] == "parity" and proves_fused_loss(modes.get(FUSED_LOSS), floor):
                 proof.setdefault(name, set()).add(FUSED_LOSS)
-            if counts_against(modes.get(FUSED_LOSS)):
+            if counts_against(modes.get(FUSED_LOSS), floor):
                 against.setdefault(name, set()).add(FUSED_LOSS)
     lists = {
         key: {n for n, keys in proof.items() if key in keys - against.get(n, set())}
@@ -323,9 +333,9 @@ def proven_lists(results: dict[str, dict[str, dict]]) -> dict:
         "generated_by": "ort-hf sweep --render (ort_hf/sweep/render.py) from docs/results/sweep; do not edit by hand. "
         f"exact: raw-mode parity and step-1 gradient relative error <= {EXACT_GRAD_REL:g}, and "
         "default-mode (pre-flight) parity; "
-        f"trim_padding, eliminate_padding: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g}, "
-        f"where that rewrite acted; {FUSED_LOSS}: also {FUSED_LOSS}-mode parity with error <= "
-        f"{REWRITES_GRAD_REL:g}, the fused loss in ORT's graph; no task's counted run against the class.",
+        f"trim_padding, eliminate_padding: also rewrites-mode parity with error <= {REWRITES_GRAD_REL:g} ({BOUND_NOTE}), "
+        f"where that rewrite acted; {FUSED_LOSS}: also {FUSED_LOSS}-mode parity with error within that bound, "
+        "the fused loss in ORT's graph; no task's counted run against the class.",
         "exact": sorted(lists["exact"]),
         # a class not proven exact runs the pre-flight, rewrites and fused loss off
         **{key: sorted(lists[key] & lists["exact"]) for key in (*PADDING_REWRITES, FUSED_LOSS)},

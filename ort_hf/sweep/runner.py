@@ -244,7 +244,7 @@ def _case_record(task: str, model_type: str, modes: list[str], reference: dict, 
         "model_class": reference.get("model_class"),
         "params": reference.get("params"),
         "attn_implementation": reference.get("attn_implementation"),
-        "reference": {k: reference.get(k) for k in ("status", "reason", "losses", "wall_s")},
+        "reference": {k: reference.get(k) for k in ("status", "reason", "losses", "fp32_grad_floor", "wall_s")},
         "modes": results,
         "wall_s": round(wall_s, 1),
         "settings": {

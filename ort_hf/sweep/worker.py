@@ -130,9 +130,35 @@ def run_reference(case: Case, emit) -> dict:
         "reason": reason,
         "losses": losses,
         "digests": recorder.digests,
+        "fp32_grad_floor": None if reason else fp32_grad_floor(case, initial_state),
         "wall_s": time.perf_counter() - started,
     }
     return {"record": record, "initial_state": initial_state, "grads": recorder.grads}
+
+
+def fp32_grad_floor(case: Case, initial_state: dict) -> float | None:
+    """How far PyTorch's own float32 gradients are from float64's, relative, for this model on a batch
+    of the case (one forward and backward of the model's loss in each): the accuracy float32 gives
+    this model at all. Most models sit near 1e-6; one whose attention logits are unscaled (Gemma 4's
+    scaling 1.0) near 2e-5, where PyTorch's two attention paths differ from each other by 1e-5.
+    None when the model does not run in float64."""
+    import torch
+
+    from .data import build_collator
+    from .recording import gradient_errors
+
+    grads = {}
+    try:
+        for dtype in (torch.float64, torch.float32):
+            model = build_model(case, initial_state).to(dtype).train()
+            batch = build_collator(case.task, case.tokenizer, model, SETTINGS)(case.rows[: SETTINGS.batch_size])
+            batch = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+            model(**batch).loss.backward()
+            grads[dtype] = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    except Exception:
+        traceback.print_exc()
+        return None
+    return gradient_errors(grads[torch.float64], grads[torch.float32])["grad_rel_error"]
 
 
 def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:

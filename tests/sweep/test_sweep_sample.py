@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ort_hf.engine import ORTFallbackError
-from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, classify, rewrites_proven
+from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, classify, rewrite_bound, rewrites_proven
 from ort_hf.sweep.recording import describe_exception, gradient_errors
 from ort_hf.sweep.render import markdown, proven_lists, shipped_result
 from ort_hf.sweep.runner import run_case
@@ -27,6 +27,7 @@ def test_sample_cases_train_through_ort_at_parity(tmp_path):
     for (task, model_type), record in zip(SAMPLE, records):
         result = record["modes"]["default"]
         assert record["reference"]["status"] == "ok", record["reference"]
+        assert 0 < record["reference"]["fp32_grad_floor"] < 1e-5  # PyTorch's own float32 against float64
         assert record["model_class"] == SAMPLE[task, model_type]
         assert result["cell"] == "parity", (
             task,
@@ -257,6 +258,32 @@ def test_the_fused_loss_is_proven_only_where_it_ran_and_held(chunked, listed):
     # What users get on dense labels is the fused run where it is listed, else the raw one.
     shown = shipped_result(results["causal-lm-packed"]["llama"], proven)
     assert shown is results["causal-lm-packed"]["llama"]["modes"]["chunked_lm_loss" if listed else "raw"]
+
+
+@pytest.mark.parametrize(
+    ("floor", "listed"),
+    [(None, False), (1e-7, False), (1.8e-5, True)],
+    ids=["no-floor-recorded", "well-conditioned", "float32-floor-2e-5"],
+)
+def test_the_bound_widens_by_twice_the_models_float32_floor(floor, listed):
+    # Gemma 4's tiny model: PyTorch's own float32 gradients are 1.8e-5 from float64's, ORT's 2.8e-5
+    # from Trainer's; a well-conditioned model (floor 1e-7) at 2.8e-5 is off.
+    record = _packed_record({"cell": "parity", "grad_rel_error": 2.8e-5, "chunked_lm_loss": True})
+    record["modes"]["rewrites"] = {**record["modes"]["raw"], "cell": "parity", "grad_rel_error": 2.8e-5}
+    record["modes"]["rewrites"]["padding"] = {"kept_tokens": 30, "total_tokens": 40, "unpadded_nodes": 0}
+    record["reference"]["fp32_grad_floor"] = floor
+    proven = proven_lists({"causal-lm-packed": {"llama": record}})
+    assert proven["chunked_lm_loss"] == proven["trim_padding"] == (["LlamaForCausalLM"] if listed else [])
+    assert rewrite_bound(floor) == REWRITES_GRAD_REL + 2 * (floor or 0)
+
+
+def test_the_float32_floor_is_measured_against_float64():
+    from ort_hf.sweep.cases import TASKS
+    from ort_hf.sweep.worker import build_case, build_model, fp32_grad_floor
+
+    case = build_case(TASKS["causal-lm-packed"], "llama")
+    floor = fp32_grad_floor(case, build_model(case).state_dict())
+    assert 0 < floor < 1e-5  # float32 rounding: never zero, far below the bound for a plain Llama
 
 
 def test_a_fused_loss_run_against_a_class_in_any_task_unlists_it():
