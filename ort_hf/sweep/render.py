@@ -11,6 +11,7 @@ from .cases import EVERY_MODE, MODES, SETTINGS, TASKS
 from .cells import (
     CELLS,
     EXACT_GRAD_REL,
+    FLOOR_MAX,
     FUSED_LOSS,
     LOSS_ATOL,
     PADDING_REWRITES,
@@ -28,7 +29,7 @@ from .waits_for import waits_for
 SHOWN_MODE = "as shipped"  # the per-type table shows what users get
 BOUND_NOTE = (
     "plus twice the model's float32 floor, how far PyTorch's own float32 gradients are from float64's, "
-    "where the case measured it"
+    f"where the case measured one of at most {FLOOR_MAX:g}"
 )
 
 

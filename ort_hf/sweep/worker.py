@@ -141,7 +141,7 @@ def fp32_grad_floor(case: Case, initial_state: dict) -> float | None:
     of the case (one forward and backward of the model's loss in each): the accuracy float32 gives
     this model at all. Most models sit near 1e-6; one whose attention logits are unscaled (Gemma 4's
     scaling 1.0) near 2e-5, where PyTorch's two attention paths differ from each other by 1e-5.
-    None when the model does not run in float64."""
+    None when the model does not run in float64, or its float64 gradients are not finite."""
     import torch
 
     from .data import build_collator
@@ -158,7 +158,8 @@ def fp32_grad_floor(case: Case, initial_state: dict) -> float | None:
     except Exception:
         traceback.print_exc()
         return None
-    return gradient_errors(grads[torch.float64], grads[torch.float32])["grad_rel_error"]
+    floor = gradient_errors(grads[torch.float64], grads[torch.float32])["grad_rel_error"]
+    return floor if math.isfinite(floor) else None  # e.g. ProphetNet's float64 loss is NaN
 
 
 def run_mode(case: Case, mode: str, reference: dict, emit) -> dict:

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from ort_hf.engine import ORTFallbackError
-from ort_hf.sweep.cells import EXACT_GRAD_REL, LOSS_ATOL, REWRITES_GRAD_REL, classify, rewrite_bound, rewrites_proven
+from ort_hf.sweep.cells import (
+    EXACT_GRAD_REL,
+    FLOOR_MAX,
+    LOSS_ATOL,
+    REWRITES_GRAD_REL,
+    classify,
+    rewrite_bound,
+    rewrites_proven,
+)
 from ort_hf.sweep.recording import describe_exception, gradient_errors
 from ort_hf.sweep.render import markdown, proven_lists, shipped_result
 from ort_hf.sweep.runner import run_case
@@ -262,8 +270,8 @@ def test_the_fused_loss_is_proven_only_where_it_ran_and_held(chunked, listed):
 
 @pytest.mark.parametrize(
     ("floor", "listed"),
-    [(None, False), (1e-7, False), (1.8e-5, True)],
-    ids=["no-floor-recorded", "well-conditioned", "float32-floor-2e-5"],
+    [(None, False), (1e-7, False), (1.8e-5, True), (math.inf, False), (1e-3, False)],
+    ids=["no-floor-recorded", "well-conditioned", "float32-floor-2e-5", "float64-grads-zero", "float64-path-differs"],
 )
 def test_the_bound_widens_by_twice_the_models_float32_floor(floor, listed):
     # Gemma 4's tiny model: PyTorch's own float32 gradients are 1.8e-5 from float64's, ORT's 2.8e-5
@@ -274,7 +282,8 @@ def test_the_bound_widens_by_twice_the_models_float32_floor(floor, listed):
     record["reference"]["fp32_grad_floor"] = floor
     proven = proven_lists({"causal-lm-packed": {"llama": record}})
     assert proven["chunked_lm_loss"] == proven["trim_padding"] == (["LlamaForCausalLM"] if listed else [])
-    assert rewrite_bound(floor) == REWRITES_GRAD_REL + 2 * (floor or 0)
+    widened = floor is not None and floor <= FLOOR_MAX
+    assert rewrite_bound(floor) == (REWRITES_GRAD_REL + 2 * floor if widened else REWRITES_GRAD_REL)
 
 
 def test_the_float32_floor_is_measured_against_float64():
