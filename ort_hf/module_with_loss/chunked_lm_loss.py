@@ -24,6 +24,9 @@ engine's, on ORT's MatMul: ``engine/cpu_logits_product.py``), else on PyTorch's 
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 
 # Logits per chunk: 32M floats (128 MB), about 670 rows at a 50k vocabulary. Fewer, larger chunks
@@ -36,6 +39,20 @@ CHUNK_ELEMENTS = 1 << 25
 PRODUCTS: dict = {}
 
 
+@contextlib.contextmanager
+def _untraced_body():
+    """While ORT's export traces the model, this Function's body runs under the tracer, which warns
+    about its Python loop over chunks and its tensor-to-bool reads. The graph holds the Function as
+    one PythonOp instead, its body not traced (the first step refuses a graph where it is not:
+    ``trainer/first_step.py``), so those warnings are silenced then, and only then."""
+    if not torch.jit.is_tracing():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        yield
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(F.linear(hidden, weight, bias), labels, ignore_index, reduction="sum")``
     for 2-D float32 ``hidden`` (rows, features) and 1-D ``labels``, in row chunks."""
@@ -45,7 +62,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         outside = torch.get_num_threads()
         torch.set_num_threads(max(threads, outside))
         try:
-            return ChunkedLinearCrossEntropy._fused(ctx, hidden, weight, bias, labels, ignore_index, product)
+            with _untraced_body():
+                return ChunkedLinearCrossEntropy._fused(ctx, hidden, weight, bias, labels, ignore_index, product)
         finally:
             torch.set_num_threads(outside)
 

@@ -3,6 +3,7 @@ the same loss and gradients as the model's own, and ORT ran it as a PythonOp."""
 
 import copy
 import logging
+import warnings
 
 import pytest
 import torch
@@ -71,7 +72,11 @@ def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
         items = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()) + 5)  # a larger accumulated count
         own = reference(**batch, num_items_in_batch=items).loss
         own.backward()
-        got = engine(**batch, num_items_in_batch=items)["loss"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = engine(**batch, num_items_in_batch=items)["loss"]  # the first exports: the trace runs
+        # the fused Function's body is one PythonOp, not traced: the tracer's warnings about it are noise
+        assert not [w for w in caught if w.category is torch.jit.TracerWarning and "chunked_lm" in w.filename]
         got.backward()
         torch.testing.assert_close(got.detach(), own.detach(), rtol=1e-5, atol=1e-6)
         for (name, ref), param in zip(reference.named_parameters(), model.parameters()):
