@@ -16,6 +16,12 @@ One ORT inference session per weight shape (``MatMul(x, Transpose(w))``, which O
 threads that do not spin. It runs inside ORT's ``PythonOp`` of the fused loss, while the training
 session's own pool waits. A tensor it cannot take as it is (not float32 on the CPU, not contiguous)
 goes to ``mm``.
+
+ORT's training build keeps one CPU execution provider per process, made with the options of the
+first session created (``orttraining_python_module.cc``: "for CPU, only 1 instance"). This session is
+built while the model is traced, before ORTModule's, so the CPU allocator settings here (ORT's
+defaults: the arena on, as ORTModule's session asks) are the ones the training session runs with;
+an ``enable_cpu_mem_arena`` set on ORTModule's session options alone would be ignored.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ class TrainingSessionInspection:
         return self._ort._torch_module._execution_manager(True) if hasattr(self._ort, "_torch_module") else None
 
     def training_graph(self):
-        """The optimised ONNX training graph (forward + gradient) ORT built."""
+        """The ONNX training graph (forward + gradient) ORT built, with its training optimisations and
+        ort_hf's rewrites; the session optimises it once more when it loads it (its fusions drop,
+        for one, a weight's Transpose that feeds MatMuls)."""
         onnx_models = getattr(self._training_manager(), "_onnx_models", None)
         return getattr(onnx_models, "optimized_model", None)
 
