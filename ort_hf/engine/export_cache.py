@@ -205,6 +205,8 @@ def cached_export(original, **kwargs):
     }
     # Whether ORT's export hook may flag sparse labels (compat._bridge_sparsity_switches).
     settings["label_sparsity"] = record.enable_label_sparsity if record is not None else None
+    # Whether SDPA exports as PyTorch's CPU flash-attention kernel (symbolics/flash_attention.py).
+    settings["flash_attention"] = record is not None and "flash_attention" in record.kernel_swaps
     shared = record is not None and record.export_cache_shared
     root = trusted_root(root, shared)
     try:

@@ -222,6 +222,12 @@ class ORTOptions:
         "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
         "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
     )
+    cpu_flash_attention: bool = _opt(
+        True,
+        "CPU: run SDPA attention (float32, no dropout, no mask or a boolean one) as PyTorch's own "
+        "flash-attention kernel inside ORT's graph, the kernel eager PyTorch runs: the same values, "
+        "without keeping the attention probabilities for the backward (engine/symbolics/flash_attention.py).",
+    )
     cpu_lm_head_forward_swap: bool = _opt(
         True,
         "CPU: run the fused chunked LM head's forward product (--ort_chunked_lm_loss) on ORT's "

@@ -13,6 +13,7 @@ SWITCHES = {
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
     "weight_grad": "cpu_weight_grad_swap",
+    "flash_attention": "cpu_flash_attention",
 }
 CORRECTIONS = frozenset({"conv_grad", "gemm"})
 ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS

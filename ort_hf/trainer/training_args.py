@@ -176,6 +176,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_softmax_grad_swap: bool = _ort("cpu_softmax_grad_swap")
     ort_cpu_relu_grad_swap: bool = _ort("cpu_relu_grad_swap")
     ort_cpu_weight_grad_swap: bool = _ort("cpu_weight_grad_swap")
+    ort_cpu_flash_attention: bool = _ort("cpu_flash_attention")
     ort_cpu_weight_grad_min_dim: int = _ort("cpu_weight_grad_min_dim")
     ort_cpu_lm_head_forward_swap: bool = _ort("cpu_lm_head_forward_swap")
     ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")

@@ -8,7 +8,8 @@ missing. The replacements, one module per job, are registered with
 for the opset they are registered in) by :func:`register_training_symbolics`, which the engine
 calls once per ONNX opset before the first export:
 
-- :mod:`.attention`: ``aten::scaled_dot_product_attention``;
+- :mod:`.attention`: ``aten::scaled_dot_product_attention`` (in CPU training exports, PyTorch's
+  flash-attention kernel where it applies: :mod:`.flash_attention`);
 - :mod:`.packed_sequences`: ``aten::diff`` and ``aten::cumsum``;
 - :mod:`.gradient_builder_fixes`: ``aten::where``, ``aten::layer_norm``, and (training exports
   only) ``aten::logsumexp``;
@@ -66,6 +67,7 @@ from ..graph_repairs import STOP_GRADIENT_EDGES as _REPAIR_STOP_EDGES
 from . import bitwise as _bitwise
 from . import expm1 as _expm1
 from . import fft as _fft
+from . import flash_attention as _flash_attention
 from . import grouped_mm as _grouped_mm
 from . import packed_sequences as _packed_sequences
 from . import scatter as _scatter
@@ -131,6 +133,7 @@ GRADIENTS = {
     **_solve_triangular.GRADIENTS,
     **_expm1.GRADIENTS,
     **_packed_sequences.GRADIENTS,
+    **_flash_attention.GRADIENTS,
 }
 # Edges ORT must not differentiate through: the random draws' shape-only input, and the detach
 # graph_repairs puts before the inputs a Function's backward gives no gradient.

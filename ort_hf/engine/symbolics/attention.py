@@ -8,7 +8,8 @@ when there is no attention mask), turns fully masked rows of a boolean mask into
 ``Where(IsNaN)`` (the gradients come out NaN under ORT) and leaves fully ``-inf`` rows of a float
 mask NaN (torch gives 0). The decomposition below is differentiable by ORT and matches torch's
 math (rows where every key is masked give 0 output and 0 gradient, for boolean and for float
-``-inf`` masks alike).
+``-inf`` masks alike). In a CPU training export, where PyTorch's own flash-attention kernel applies,
+that kernel runs instead (``flash_attention.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ import math
 
 import torch
 
-from .graph_ops import INT64_MAX, const, exporter_helpers, reduce_max_last, scalar_type, shape_slice
+from .flash_attention import flash_attention
+from .graph_ops import (
+    INT64_MAX,
+    const,
+    exporter_helpers,
+    exporting_for_training,
+    reduce_max_last,
+    scalar_type,
+    shape_slice,
+)
 
 
 def _repeat_heads(g, x, n_rep, rank):
@@ -55,6 +65,12 @@ def _causal_keep(g, query, key, rank_q, rank_k):
 
 
 def sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if exporting_for_training():  # PyTorch's CPU kernel where it applies (flash_attention.py)
+        flash = flash_attention(
+            g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _kv_heads_like_query
+        )
+        if flash is not None:
+            return flash
     symbolic_helper, _type_utils = exporter_helpers()
     JST = _type_utils.JitScalarType
     q_type = scalar_type(query, JST.FLOAT)

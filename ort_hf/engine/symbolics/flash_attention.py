@@ -1,0 +1,97 @@
+"""``aten::scaled_dot_product_attention`` in ORT's CPU training exports as PyTorch's own CPU
+flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) in an ORT ``ATen`` node, with
+its backward (``..._backward``) entered into ORT's gradient table.
+
+PyTorch's eager SDPA runs that kernel on the CPU for float32 attention without dropout, with no mask,
+``is_causal`` or a boolean mask alike (``torch._fused_sdp_choice``). It keeps the output and the
+log-sum-exp for the backward. The decomposition of ``attention.py``, which ORT otherwise
+differentiates, keeps the attention probabilities and a product of them, each batch x heads x
+length x length: on a SmolLM2-135M shape at 4 x 256 tokens, 540 MB over its 30 layers
+(``scripts/saved_for_backward.py``). With the kernel, ORT's graph computes what eager computes, to
+the bit: the same kernel on the same operands. A boolean mask goes in as the additive float mask
+eager's SDPA makes of it (0 where attended, -inf elsewhere); a query row with no key to attend gets 0,
+as in eager; keys and values of grouped-query attention are repeated to the query heads as in the
+decomposition (the kernel's values are the same as eager's ``enable_gqa``).
+
+Only where every condition holds (else the decomposition): a CPU training graph with
+``ORTOptions.cpu_flash_attention`` on (``swap_switches``), float32 query, key and value of rank 4,
+a constant zero dropout, a constant or absent scale, and no mask or a boolean one of rank 4 without
+``is_causal``. A float mask (a position bias that may need its gradient) keeps the decomposition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..export_record import ACTIVE_EXPORT_RECORD
+from .graph_ops import const, exporter_helpers, scalar_type
+
+_ATEN = "org.pytorch.aten"
+FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+FLASH_BACKWARD = f"{FLASH}_backward"
+
+
+def _wanted() -> bool:
+    record = ACTIVE_EXPORT_RECORD.get()
+    return record is not None and record.device_type == "cpu" and "flash_attention" in record.kernel_swaps
+
+
+def flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, repeat_kv):
+    """The kernel's output where its conditions hold (module docstring), else None. ``repeat_kv``:
+    ``(g, query, key, value, rank_q, rank_k, enable_gqa) -> (key, value)`` with the query's heads."""
+    if not _wanted():
+        return None
+    symbolic_helper, _type_utils = exporter_helpers()
+    JST = _type_utils.JitScalarType
+    if any(scalar_type(t) != JST.FLOAT or symbolic_helper._get_tensor_rank(t) != 4 for t in (query, key, value)):
+        return None
+    if symbolic_helper._maybe_get_const(dropout_p, "f") != 0.0:
+        return None
+    causal = symbolic_helper._maybe_get_const(is_causal, "b")
+    if not isinstance(causal, bool) and not (isinstance(causal, torch.Tensor) and causal.numel() == 1):
+        return None
+    causal = bool(causal)
+    no_scale = symbolic_helper._is_none(scale)
+    if not no_scale and not isinstance(symbolic_helper._maybe_get_const(scale, "f"), float):
+        return None
+    masked = not symbolic_helper._is_none(attn_mask)
+    if masked and (causal or scalar_type(attn_mask) != JST.BOOL or symbolic_helper._get_tensor_rank(attn_mask) != 4):
+        return None
+    gqa = False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
+    key, value = repeat_kv(g, query, key, value, 4, 4, gqa)
+    mask = attn_mask
+    if masked:  # eager SDPA's own conversion of a boolean mask
+        mask = g.op("Where", attn_mask, const(g, 0.0, torch.float32), const(g, float("-inf"), torch.float32))
+    scale_input = scale if no_scale else const(g, symbolic_helper._maybe_get_const(scale, "f"), torch.float32)
+    out, log_sum_exp = g.op(
+        f"{_ATEN}::ATen",
+        query,
+        key,
+        value,
+        const(g, 0.0, torch.float32),
+        const(g, causal, torch.bool),
+        mask,
+        scale_input,
+        operator_s=FLASH,
+        overload_name_s="",
+        outputs=2,
+    )
+    out.setType(query.type())  # ORT infers no type for an ATen node's outputs
+    log_sum_exp.setType(query.type().with_sizes([None] * 3))
+    return out
+
+
+def flash_attention_gradient():
+    """ORT gradient definition of the node above: the kernel's own backward, from the forward's
+    inputs and its two outputs. ``I(3)`` to ``I(6)``: dropout, is_causal, mask, scale."""
+    return [
+        (
+            ("ATen", _ATEN),
+            ["GO(0)", "I(0)", "I(1)", "I(2)", "O(0)", "O(1)", "I(3)", "I(4)", "I(5)", "I(6)"],
+            ["GI(0)", "GI(1)", "GI(2)"],
+            {"operator": {"value": FLASH_BACKWARD, "dtype": "string"}},
+        )
+    ]
+
+
+GRADIENTS = {(_ATEN, "ATen", FLASH, ""): flash_attention_gradient}

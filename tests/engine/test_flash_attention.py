@@ -1,0 +1,81 @@
+"""engine/symbolics/flash_attention.py: SDPA attention in a CPU training graph runs as PyTorch's own
+flash-attention kernel (an ATen node and its backward), the kernel eager SDPA chooses, with eager's
+losses and gradients; the attention probabilities are no longer in the graph; dropout, a float mask or
+the switch off keep the decomposition."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from parity import assert_parity, run_parity
+from tiny_models import FAMILIES, build, make_batch
+
+from ort_hf.engine import ORTOptions
+from ort_hf.engine.symbolics.flash_attention import FLASH, FLASH_BACKWARD
+
+
+def _aten_operators(wrapped) -> list[bytes]:
+    graph = wrapped.training_graph().graph
+    return [a.s for n in graph.node if n.op_type == "ATen" for a in n.attribute if a.name == "operator"]
+
+
+def _softmaxes(wrapped) -> int:
+    return sum(n.op_type == "Softmax" for n in wrapped.training_graph().graph.node)
+
+
+def test_eager_sdpa_runs_this_kernel_where_the_graph_does():
+    """The premise: for float32 attention without dropout, eager SDPA picks the flash kernel, with
+    is_causal or a boolean mask, and the kernel called as the graph calls it gives eager's bits."""
+    from torch.nn.attention import SDPBackend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 19, 8, requires_grad=True) for _ in range(3))
+    keep = torch.ones(19, 19, dtype=torch.bool).tril().expand(2, 1, 19, 19).clone()
+    keep[1, :, 3] = False  # a query row with no key: 0 out, as eager
+    for mask, causal in ((None, True), (keep, False)):
+        assert torch._fused_sdp_choice(q, k, v, mask, 0.0, causal) == SDPBackend.FLASH_ATTENTION.value
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        grad = torch.randn_like(expected)
+        expected_grads = torch.autograd.grad(expected, (q, k, v), grad)
+        additive = None if mask is None else torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        out, lse = getattr(torch.ops.aten, FLASH)(q.detach(), k.detach(), v.detach(), 0.0, causal, attn_mask=additive)
+        assert torch.equal(out, expected.detach())
+        grads = getattr(torch.ops.aten, FLASH_BACKWARD)(
+            grad, q.detach(), k.detach(), v.detach(), out, lse, 0.0, causal, attn_mask=additive
+        )
+        assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads))
+
+
+@pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm", "bert-cls"])
+def test_a_tiny_model_with_sdpa_trains_on_the_flash_kernel_with_eagers_values(family):
+    """Llama (grouped-query attention), GPT-2 and BERT (bidirectional), padded rows: a boolean mask."""
+    generator = torch.Generator().manual_seed(1)
+    batches = [make_batch(FAMILIES[family].task, generator) for _ in range(2)]
+    assert (batches[0]["attention_mask"] == 0).any()
+    model = build(FAMILIES[family], attn="sdpa").train()
+    layers = model.config.num_hidden_layers
+    ref_losses, ort_losses, ref_grads, ort_grads, wrapped = run_parity(model, batches, ORTOptions(fallback="disable"))
+    assert_parity(ref_losses, ort_losses, ref_grads, ort_grads, wrapped, loss_atol=1e-5)
+    operators = _aten_operators(wrapped)
+    assert operators.count(FLASH.encode()) == layers
+    assert operators.count(FLASH_BACKWARD.encode()) == layers
+    assert _softmaxes(wrapped) == 0  # no attention probabilities left in the graph
+    for name, grad in ref_grads.items():
+        if grad is not None:
+            torch.testing.assert_close(ort_grads[name], grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dropout, switches",
+    [(0.0, {"cpu_flash_attention": False}), (0.1, {})],
+    ids=["switched-off", "attention-dropout"],
+)
+def test_otherwise_the_decomposition_stays(dropout, switches):
+    generator = torch.Generator().manual_seed(1)
+    batches = [make_batch("clm", generator) for _ in range(2)]
+    model = build(FAMILIES["llama-clm"], dropout=dropout, attn="sdpa").train()
+    options = ORTOptions(fallback="disable", log_level="ERROR", **switches)
+    *results, wrapped = run_parity(model, batches, options)
+    if dropout == 0.0:
+        assert_parity(*results, wrapped, loss_atol=1e-5)
+    assert not any(op.startswith(b"_scaled_dot_product_flash") for op in _aten_operators(wrapped))
+    assert _softmaxes(wrapped) == model.config.num_hidden_layers
