@@ -90,6 +90,7 @@ class Variant:
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
     chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss
     cpu_lm_head_forward_swap: bool = True  # ORTTrainer's ort_cpu_lm_head_forward_swap
+    cpu_flash_attention: bool = True  # ORTTrainer's ort_cpu_flash_attention
 
 
 VARIANTS = {
@@ -174,6 +175,14 @@ VARIANTS = {
             chunked_lm_loss=True,
             cpu_lm_head_forward_swap=False,
             tasks=("clm",),
+            default=False,
+        ),
+        Variant(
+            "ort-no-flash",
+            True,
+            "ORTTrainer with attention as ORT's decomposition instead of PyTorch's flash-attention kernel "
+            "(ort_cpu_flash_attention=False): what the kernel saves; not in the default run",
+            cpu_flash_attention=False,
             default=False,
         ),
         Variant(
