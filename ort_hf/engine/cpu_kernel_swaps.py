@@ -73,6 +73,7 @@ from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_g
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
+from .symbolics.flash_attention import name_unneeded_gradients
 
 _MS = "com.microsoft"
 _ATEN = "org.pytorch.aten"
@@ -520,6 +521,7 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         return
     swapped: dict[str, int] = {}
     if record.device_type == "cpu":
+        name_unneeded_gradients(graph)  # the flash-attention kernel's backward (symbolics/flash_attention.py)
         if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
             import torch
 

@@ -79,3 +79,16 @@ def test_otherwise_the_decomposition_stays(dropout, switches):
         assert_parity(*results, wrapped, loss_atol=1e-5)
     assert not any(op.startswith(b"_scaled_dot_product_flash") for op in _aten_operators(wrapped))
     assert _softmaxes(wrapped) == model.config.num_hidden_layers
+
+
+def test_attention_whose_keys_need_no_gradient_trains_too():
+    """LoRA's case: only the query and value projections train, so the first layer's keys need no
+    gradient, and the kernel's backward still returns one."""
+    generator = torch.Generator().manual_seed(1)
+    batches = [make_batch("clm", generator) for _ in range(2)]
+    model = build(FAMILIES["llama-clm"], attn="sdpa").train()
+    for name, param in model.named_parameters():
+        param.requires_grad_(name.endswith(("q_proj.weight", "v_proj.weight")))
+    *results, wrapped = run_parity(model, batches, ORTOptions(fallback="disable", log_level="ERROR"))
+    assert_parity(*results, wrapped, loss_atol=1e-5)
+    assert _aten_operators(wrapped).count(FLASH_BACKWARD.encode()) == model.config.num_hidden_layers

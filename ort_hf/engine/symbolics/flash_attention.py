@@ -95,3 +95,26 @@ def flash_attention_gradient():
 
 
 GRADIENTS = {(_ATEN, "ATen", FLASH, ""): flash_attention_gradient}
+
+
+def name_unneeded_gradients(graph) -> int:
+    """Give the kernel's backward nodes in a built training graph a named output for each gradient
+    no one asked for (a frozen projection's keys: ORT leaves that output unnamed); returns how many.
+    The kernel returns all three gradients, and ORT's ATen node fails on a returned tensor it has no
+    output for (``invalid index -1``). The extra output is a float32 value nothing reads."""
+    from onnx import TensorProto, helper
+
+    named = 0
+    for index, node in enumerate(graph.node):
+        operator = next((a.s for a in node.attribute if a.name == "operator"), b"")
+        if node.op_type != "ATen" or node.domain != _ATEN or operator != FLASH_BACKWARD.encode():
+            continue
+        outputs = list(node.output) + [""] * (3 - len(node.output))
+        for i, name in enumerate(outputs):
+            if not name:
+                outputs[i] = f"{node.name or index}/unneeded_gradient_{i}"
+                graph.value_info.append(helper.make_tensor_value_info(outputs[i], TensorProto.FLOAT, None))
+                named += 1
+        del node.output[:]
+        node.output.extend(outputs)
+    return named
