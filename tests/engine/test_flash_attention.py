@@ -53,7 +53,9 @@ def test_a_tiny_model_with_sdpa_trains_on_the_flash_kernel_with_eagers_values(fa
     assert (batches[0]["attention_mask"] == 0).any()
     model = build(FAMILIES[family], attn="sdpa").train()
     layers = model.config.num_hidden_layers
-    ref_losses, ort_losses, ref_grads, ort_grads, wrapped = run_parity(model, batches, ORTOptions(fallback="disable"))
+    ref_losses, ort_losses, ref_grads, ort_grads, wrapped = run_parity(
+        model, batches, ORTOptions(fallback="disable", cpu_flash_attention=True)
+    )
     assert_parity(ref_losses, ort_losses, ref_grads, ort_grads, wrapped, loss_atol=1e-5)
     operators = _aten_operators(wrapped)
     assert operators.count(FLASH.encode()) == layers
@@ -66,7 +68,7 @@ def test_a_tiny_model_with_sdpa_trains_on_the_flash_kernel_with_eagers_values(fa
 
 @pytest.mark.parametrize(
     "dropout, switches",
-    [(0.0, {"cpu_flash_attention": False}), (0.1, {})],
+    [(0.0, {"cpu_flash_attention": False}), (0.1, {"cpu_flash_attention": True})],
     ids=["switched-off", "attention-dropout"],
 )
 def test_otherwise_the_decomposition_stays(dropout, switches):
@@ -89,6 +91,8 @@ def test_attention_whose_keys_need_no_gradient_trains_too():
     model = build(FAMILIES["llama-clm"], attn="sdpa").train()
     for name, param in model.named_parameters():
         param.requires_grad_(name.endswith(("q_proj.weight", "v_proj.weight")))
-    *results, wrapped = run_parity(model, batches, ORTOptions(fallback="disable", log_level="ERROR"))
+    *results, wrapped = run_parity(
+        model, batches, ORTOptions(fallback="disable", log_level="ERROR", cpu_flash_attention=True)
+    )
     assert_parity(*results, wrapped, loss_atol=1e-5)
     assert _aten_operators(wrapped).count(FLASH_BACKWARD.encode()) == model.config.num_hidden_layers
