@@ -115,10 +115,12 @@ def _bridge_export_cache() -> None:
 
     from . import trace_schema
     from .export_cache import cached_export
+    from .symbolics.flash_attention import recording_eager_kernel_choice
 
     def wrap(original):
         def exported(**kwargs):
-            return trace_schema.export_with_schema_from_trace(original, **kwargs)
+            with recording_eager_kernel_choice():
+                return trace_schema.export_with_schema_from_trace(original, **kwargs)
 
         return lambda **kwargs: cached_export(exported, **kwargs)
 

@@ -45,6 +45,64 @@ def test_eager_sdpa_runs_this_kernel_where_the_graph_does():
         assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads))
 
 
+def test_grouped_keys_go_into_the_kernel_with_their_own_heads():
+    """Eager's ``enable_gqa`` passes 2-head keys and values to the kernel for 4 query heads: called
+    so, it gives eager's bits; repeating them first changes the key and value gradients' sums."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 19, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 19, 8, requires_grad=True) for _ in range(2))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    grad = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad)
+    operands = [t.detach() for t in (q, k, v)]
+    out, lse = getattr(torch.ops.aten, FLASH)(*operands, 0.0, True)
+    assert torch.equal(out, expected.detach())
+    grads = getattr(torch.ops.aten, FLASH_BACKWARD)(grad, *operands, out, lse, 0.0, True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads))
+
+
+class _TwoAttentions(torch.nn.Module):
+    """Two attentions over one input; the second's values are narrower than its queries and keys
+    (as in DeepSeek's multi-head latent attention), where eager SDPA takes its math kernel."""
+
+    def __init__(self, value_width: int):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.second = torch.nn.Linear(16, 32 + 4 * value_width)
+        self.value_width = value_width
+
+    def forward(self, x, labels):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        heads = lambda t, width: t.view(*t.shape[:-1], -1, width).transpose(1, 2)  # noqa: E731
+        q, k, v = (heads(t, 4) for t in self.qkv(x).split(16, dim=-1))
+        h = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+        q2, k2, v2 = self.second(x + h).split([16, 16, 4 * self.value_width], dim=-1)
+        out = F.scaled_dot_product_attention(heads(q2, 4), heads(k2, 4), heads(v2, self.value_width), is_causal=True)
+        loss = F.mse_loss(out.transpose(1, 2).flatten(2).sum(-1), labels)
+        return CausalLMOutput(loss=loss)
+
+
+@pytest.mark.parametrize("value_width", [4, 2], ids=["equal-widths", "narrow-values"])
+def test_a_model_where_eager_leaves_the_kernel_once_keeps_the_decomposition(value_width):
+    """The symbolic sees dynamic shapes; eager's choice on the traced tensors decides, for the
+    whole model: one attention off the kernel keeps every attention on the decomposition."""
+    from ort_hf.engine import wrap_model
+
+    torch.manual_seed(0)
+    model = _TwoAttentions(value_width).train()
+    batch = {"x": torch.randn(2, 7, 16), "labels": torch.randn(2, 7)}
+    expected = model(**batch).loss
+    wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", cpu_flash_attention=True))
+    wrapped.train()
+    loss = wrapped(**batch).loss
+    loss.backward()
+    assert wrapped.engine_status().backend == "ort"
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    flash_nodes = _aten_operators(wrapped).count(FLASH.encode())
+    assert (flash_nodes, _softmaxes(wrapped)) == ((2, 0) if value_width == 4 else (0, 2))
+
+
 @pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm", "bert-cls"])
 def test_a_tiny_model_with_sdpa_trains_on_the_flash_kernel_with_eagers_values(family):
     """Llama (grouped-query attention), GPT-2 and BERT (bidirectional), padded rows: a boolean mask."""

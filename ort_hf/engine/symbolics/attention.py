@@ -66,9 +66,7 @@ def _causal_keep(g, query, key, rank_q, rank_k):
 
 def sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if exporting_for_training():  # PyTorch's CPU kernel where it applies (flash_attention.py)
-        flash = flash_attention(
-            g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _kv_heads_like_query
-        )
+        flash = flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale)
         if flash is not None:
             return flash
     symbolic_helper, _type_utils = exporter_helpers()

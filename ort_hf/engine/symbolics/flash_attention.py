@@ -10,16 +10,24 @@ length x length: on a SmolLM2-135M shape at 4 x 256 tokens, 540 MB over its 30 l
 (``scripts/saved_for_backward.py``). With the kernel, ORT's graph computes what eager computes, to
 the bit: the same kernel on the same operands. A boolean mask goes in as the additive float mask
 eager's SDPA makes of it (0 where attended, -inf elsewhere); a query row with no key to attend gets 0,
-as in eager; keys and values of grouped-query attention are repeated to the query heads as in the
-decomposition (the kernel's values are the same as eager's ``enable_gqa``).
+as in eager. Keys and values of grouped-query attention go in with their own heads, as eager's
+``enable_gqa`` passes them: the kernel shares each among its query heads and sums their gradients in
+its own order, which a repeat before it would change (by about 1e-6).
 
 Only where every condition holds (else the decomposition): a CPU training graph with
-``ORTOptions.cpu_flash_attention`` on (``swap_switches``), float32 query, key and value of rank 4,
-a constant zero dropout, a constant or absent scale, and no mask or a boolean one of rank 4 without
-``is_causal``. A float mask (a position bias that may need its gradient) keeps the decomposition.
+``ORTOptions.cpu_flash_attention`` on (``swap_switches``); every attention of the model's trace ran
+eager's flash kernel (``torch._fused_sdp_choice`` on the traced tensors, recorded around the export
+by ``recording_eager_kernel_choice``: the shapes the symbolic sees are dynamic, and eager takes its
+math kernel for unequal head widths, as in DeepSeek's multi-head latent attention); and at this node
+float32 query, key and value of rank 4, a constant zero dropout, a constant or absent scale, and no
+mask or a boolean one of rank 4 without ``is_causal``. A float mask (a position bias that may need
+its gradient) keeps the decomposition.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 
@@ -33,17 +41,76 @@ FLASH_BACKWARD = f"{FLASH}_backward"
 
 def _wanted() -> bool:
     record = ACTIVE_EXPORT_RECORD.get()
-    return record is not None and record.device_type == "cpu" and "flash_attention" in record.kernel_swaps
+    return record is not None and "flash_attention" in record.kernel_swaps
 
 
-def flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, repeat_kv):
-    """The kernel's output where its conditions hold (module docstring), else None. ``repeat_kv``:
-    ``(g, query, key, value, rank_q, rank_k, enable_gqa) -> (key, value)`` with the query's heads."""
+class _EagerKernelChoice(torch.overrides.TorchFunctionMode):
+    """Records, for each ``scaled_dot_product_attention`` the trace runs, whether eager SDPA would run
+    the flash kernel on those tensors (``torch._fused_sdp_choice``, asked with tracing paused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flash: list[bool] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            self.flash.append(_eager_picks_flash(*args, **kwargs))
+        return func(*args, **kwargs)
+
+
+def _eager_picks_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    from torch.nn.attention import SDPBackend
+
+    state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        choice = torch._fused_sdp_choice(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    finally:
+        torch._C._set_tracing_state(state)
+    return choice == SDPBackend.FLASH_ATTENTION.value
+
+
+# The choices recorded by the trace of the export running (None: no record, no kernel).
+_TRACED_CHOICES: contextvars.ContextVar[_EagerKernelChoice | None] = contextvars.ContextVar(
+    "ort_hf_traced_sdpa_choices", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_eager_kernel_choice():
+    """Around an export (trace, then symbolics): eager's kernel choice for each attention traced,
+    which the symbolic needs because the shapes it sees are dynamic (head widths unknown)."""
+    if not _wanted():
+        yield
+        return
+    mode = _EagerKernelChoice()
+    token = _TRACED_CHOICES.set(mode)
+    try:
+        with mode:
+            yield
+    finally:
+        _TRACED_CHOICES.reset(token)
+
+
+def _eager_ran_flash_everywhere() -> bool:
+    """Every attention of the trace ran eager's flash kernel (and one at least): a model with one
+    that did not (unequal head widths, say) keeps the decomposition in all its layers."""
+    mode = _TRACED_CHOICES.get()
+    return mode is not None and bool(mode.flash) and all(mode.flash)
+
+
+def flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """The kernel's output where its conditions hold (module docstring), else None."""
     if not _wanted():
         return None
     symbolic_helper, _type_utils = exporter_helpers()
     JST = _type_utils.JitScalarType
-    if any(scalar_type(t) != JST.FLOAT or symbolic_helper._get_tensor_rank(t) != 4 for t in (query, key, value)):
+    if not _eager_ran_flash_everywhere() or any(scalar_type(t) != JST.FLOAT for t in (query, key, value)):
+        return None
+    if any(symbolic_helper._get_tensor_rank(t) != 4 for t in (query, key, value)):
         return None
     if symbolic_helper._maybe_get_const(dropout_p, "f") != 0.0:
         return None
@@ -57,8 +124,6 @@ def flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale
     masked = not symbolic_helper._is_none(attn_mask)
     if masked and (causal or scalar_type(attn_mask) != JST.BOOL or symbolic_helper._get_tensor_rank(attn_mask) != 4):
         return None
-    gqa = False if symbolic_helper._is_none(enable_gqa) else bool(symbolic_helper._maybe_get_const(enable_gqa, "b"))
-    key, value = repeat_kv(g, query, key, value, 4, 4, gqa)
     mask = attn_mask
     if masked:  # eager SDPA's own conversion of a boolean mask
         mask = g.op("Where", attn_mask, const(g, 0.0, torch.float32), const(g, float("-inf"), torch.float32))
