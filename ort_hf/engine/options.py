@@ -223,11 +223,11 @@ class ORTOptions:
         "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
     )
     cpu_flash_attention: bool = _opt(
-        False,
-        "CPU: run SDPA attention (float32, no dropout, no mask or a boolean one) as PyTorch's own "
-        "flash-attention kernel inside ORT's graph, the kernel eager PyTorch runs, without keeping the "
-        "attention probabilities for the backward; off by default until TRL's two-iteration RLOO parity "
-        "test, 1.1e-5 off on one weight with it, is understood (engine/symbolics/flash_attention.py).",
+        True,
+        "CPU: run SDPA attention as PyTorch's own flash-attention kernel inside ORT's graph, where eager "
+        "PyTorch runs that kernel (float32, no dropout, no mask or a boolean one, one head width), "
+        "without keeping the attention probabilities for the backward (engine/symbolics/flash_attention.py). "
+        "False keeps ORT's decomposition.",
     )
     cpu_lm_head_forward_swap: bool = _opt(
         True,
