@@ -73,7 +73,7 @@ from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_g
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
-from .symbolics.flash_attention import name_unneeded_gradients
+from .symbolics.flash_attention import name_unneeded_gradients, use_own_kernel
 
 _MS = "com.microsoft"
 _ATEN = "org.pytorch.aten"
@@ -521,11 +521,14 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         return
     swapped: dict[str, int] = {}
     if record.device_type == "cpu":
-        name_unneeded_gradients(graph)  # the flash-attention kernel's backward (symbolics/flash_attention.py)
-        if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
-            import torch
+        import torch
 
-            # ORT builds the graph outside its runs, where PyTorch has the process's own thread count.
+        # ORT builds the graph outside its runs, where PyTorch has the process's own thread count.
+        name_unneeded_gradients(graph)  # the flash-attention kernel's backward (symbolics/flash_attention.py)
+        threaded = use_own_kernel(graph, torch.get_num_threads()) if _own_kernel("flash_attention") else 0
+        if threaded:
+            swapped["SDPA (flash attention)"] = threaded
+        if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
             moved = swap_weight_grads(
                 graph, torch.get_num_threads(), record.weight_grad_min_dim
             )  # before the Gemm correction

@@ -183,3 +183,34 @@ def name_unneeded_gradients(graph) -> int:
         del node.output[:]
         node.output.extend(outputs)
     return named
+
+
+# ort_hf's wrappers of the kernel and its backward (csrc/cpu_flash_attention.cpp): the same
+# arguments and a thread count, causal wherever the mask is; the same bits.
+OWN = {FLASH: ("ort_hf::flash_attention", 7), FLASH_BACKWARD: ("ort_hf::flash_attention_backward", 10)}
+
+
+def use_own_kernel(graph, threads: int) -> int:
+    """Point the kernel's nodes in a built training graph at ort_hf's wrappers, with ``threads``
+    (PyTorch's thread count outside ORT's runs); returns how many forward nodes moved."""
+    from onnx import TensorProto, helper
+
+    threads_name = f"ort_hf/flash_attention_threads_{threads}"
+    moved = 0
+    for node in graph.node:
+        operator = next((a for a in node.attribute if a.name == "operator"), None)
+        if node.op_type != "ATen" or node.domain != _ATEN or operator is None:
+            continue
+        own = OWN.get(operator.s.decode())
+        if own is None:
+            continue
+        name, arguments = own
+        inputs = list(node.input) + [""] * (arguments - len(node.input))  # absent optionals: mask, scale
+        del node.input[:]
+        node.input.extend(inputs + [threads_name])
+        operator.s = name.encode()
+        moved += name == OWN[FLASH][0]
+    if moved:
+        threads_value = helper.make_tensor(threads_name, TensorProto.INT64, [], [threads])
+        graph.node.insert(0, helper.make_node("Constant", [], [threads_name], name=threads_name, value=threads_value))
+    return moved
