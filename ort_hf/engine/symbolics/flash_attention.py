@@ -13,6 +13,8 @@ eager's SDPA makes of it (0 where attended, -inf elsewhere); a query row with no
 as in eager. Keys and values of grouped-query attention go in with their own heads, as eager's
 ``enable_gqa`` passes them: the kernel shares each among its query heads and sums their gradients in
 its own order, which a repeat before it would change (by about 1e-6).
+In the built training graph the nodes run ort_hf's wrappers of the kernel and its backward
+(``use_own_kernel``; ``csrc/cpu_flash_attention.cpp``), on PyTorch's threads.
 
 Only where every condition holds (else the decomposition): a CPU training graph with
 ``ORTOptions.cpu_flash_attention`` on (``swap_switches``); every attention of the model's trace ran
