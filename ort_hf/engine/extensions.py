@@ -185,7 +185,8 @@ def build_extension(name: str, verbose: bool = False):
     with filelock.FileLock(str(base / f"{name}.lock")):
         sources = _prepare_sources(name, workdir)
         archs = _cuda_archs() if is_cuda else ""
-        build_dir = workdir / f"build-{_digest(sources, _cflags(name), archs)}"
+        headers = sorted((workdir / "src").glob("*.h")) if name in OWN_EXTENSIONS else []  # ours include theirs
+        build_dir = workdir / f"build-{_digest(sources + headers, _cflags(name), archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
             if trust.verified(built):

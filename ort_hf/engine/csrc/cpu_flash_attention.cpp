@@ -14,21 +14,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "threads_for.h"
+
 #include <cmath>
 #include <optional>
 #include <tuple>
 
 namespace {
-
-struct ThreadsFor {
-  int outside;
-  explicit ThreadsFor(int64_t wanted) : outside(at::get_num_threads()) {
-    if (wanted > outside) at::set_num_threads(static_cast<int>(wanted));
-  }
-  ~ThreadsFor() {
-    if (at::get_num_threads() != outside) at::set_num_threads(outside);
-  }
-};
 
 // Whether a float mask (..., L, S) with L == S is -inf everywhere above its diagonal.
 bool masks_the_future(const std::optional<at::Tensor>& mask) {
@@ -53,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
                                                    const at::Tensor& value, double dropout_p, bool is_causal,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    std::optional<double> scale, int64_t threads) {
-  ThreadsFor guard(threads);
+  ort_hf::ThreadsFor guard(threads);
   const bool causal = is_causal || masks_the_future(attn_mask);
   return at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, causal, attn_mask, scale);
 }
@@ -62,7 +54,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& log_sum_exp, double dropout_p, bool is_causal,
     const std::optional<at::Tensor>& attn_mask, std::optional<double> scale, int64_t threads) {
-  ThreadsFor guard(threads);
+  ort_hf::ThreadsFor guard(threads);
   const bool causal = is_causal || masks_the_future(attn_mask);
   return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out, log_sum_exp,
                                                                   dropout_p, causal, attn_mask, scale);

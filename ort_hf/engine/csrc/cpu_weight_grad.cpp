@@ -7,21 +7,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-namespace {
+#include "threads_for.h"
 
-struct ThreadsFor {
-  int outside;
-  explicit ThreadsFor(int64_t wanted) : outside(at::get_num_threads()) {
-    if (wanted > outside) at::set_num_threads(static_cast<int>(wanted));
-  }
-  ~ThreadsFor() {
-    if (at::get_num_threads() != outside) at::set_num_threads(outside);
-  }
-};
+namespace {
 
 // a (rows, m), b (rows, n) -> a^T b (m, n): the sum over rows, zeros when there are none.
 at::Tensor weight_grad(const at::Tensor& a, const at::Tensor& b, int64_t threads) {
-  ThreadsFor guard(threads);
+  ort_hf::ThreadsFor guard(threads);
   return at::mm(a.t(), b);
 }
 
