@@ -125,8 +125,9 @@ def assert_same_online_run(reference, ours, keys, weights_atol: float | None = N
     ``weights_atol`` defaults to 5% of one Adam step (the learning rate). Adam moves a weight by about
     lr * g / (|g| + 1e-8), so a gradient near 1e-8 (a sum that nearly cancels) moves it by a share of
     lr that float32 noise in g decides: a 2.3e-9 difference on a gradient of 5e-8 moved a weight by
-    1.1e-5 over the 6 steps at lr 1e-3. Over seeds 0-3 of the full two-iteration RLOO run, the
-    largest weight difference was 1.55e-5, with either attention path (``ort_cpu_flash_attention``).
+    1.1e-5 over the 6 steps at lr 1e-3. Over seeds 0-3 of the full two-iteration RLOO run, weights
+    differed by up to 1.55e-5 beyond the relative tolerance, with either attention path
+    (``ort_cpu_flash_attention``).
     A wrong gradient moves weights by whole steps."""
     (theirs, their_reward), (trainer, our_reward) = reference, ours
     assert_ort_trained_on_used_rows(trainer)
