@@ -524,14 +524,13 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         import torch
 
         # ORT builds the graph outside its runs, where PyTorch has the process's own thread count.
+        threads = torch.get_num_threads()
         name_unneeded_gradients(graph)  # the flash-attention kernel's backward (symbolics/flash_attention.py)
-        threaded = use_own_kernel(graph, torch.get_num_threads()) if _own_kernel("flash_attention") else 0
+        threaded = use_own_kernel(graph, threads) if _own_kernel("flash_attention") else 0
         if threaded:
             swapped["SDPA (flash attention)"] = threaded
         if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
-            moved = swap_weight_grads(
-                graph, torch.get_num_threads(), record.weight_grad_min_dim
-            )  # before the Gemm correction
+            moved = swap_weight_grads(graph, threads, record.weight_grad_min_dim)  # before the Gemm correction
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         swapped.update(swap_kernels(graph, record.kernel_swaps))

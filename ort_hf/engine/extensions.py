@@ -132,7 +132,8 @@ def _check_toolchain() -> None:
 
 
 def _prepare_sources(name: str, workdir: Path) -> list[Path]:
-    """Copy ORT's sources (or ours) into ``workdir`` and apply our port where one is needed."""
+    """Copy ORT's sources (or ours) into ``workdir`` and apply our port where one is needed; returns
+    every file copied (the sources to compile and the headers they include)."""
     src = _OWN_SOURCES if name in OWN_EXTENSIONS else _ort_sources(name)
     dest = workdir / "src"
     if dest.exists():
@@ -149,7 +150,7 @@ def _prepare_sources(name: str, workdir: Path) -> list[Path]:
     from .extension_ports import apply_port
 
     apply_port(name, dest)
-    return sorted(p for p in dest.iterdir() if p.suffix in (".cc", ".cpp", ".cu"))
+    return sorted(p for p in dest.iterdir() if p.is_file())
 
 
 _CFLAGS = ["-O3", "-std=c++17"]  # as ORT's own setup.py builds them
@@ -172,8 +173,8 @@ def _digest(paths: list[Path], cflags: list[str], archs: str = "") -> str:
 def build_extension(name: str, verbose: bool = False):
     """Build (or reuse) one extension and return the loaded Python module.
 
-    The build folder is named after a digest of the (ported) sources and flags, so a changed
-    port or ORT source is rebuilt, and a finished build is reused across processes.
+    The build folder is named after a digest of the (ported) sources, their headers and the flags,
+    so a changed port or ORT source is rebuilt, and a finished build is reused across processes.
     """
     import filelock
     from torch.utils import cpp_extension
@@ -183,10 +184,10 @@ def build_extension(name: str, verbose: bool = False):
     workdir.mkdir(parents=True, exist_ok=True)
     is_cuda = name in CUDA_EXTENSIONS
     with filelock.FileLock(str(base / f"{name}.lock")):
-        sources = _prepare_sources(name, workdir)
+        prepared = _prepare_sources(name, workdir)
+        sources = [p for p in prepared if p.suffix in (".cc", ".cpp", ".cu")]
         archs = _cuda_archs() if is_cuda else ""
-        headers = sorted((workdir / "src").glob("*.h")) if name in OWN_EXTENSIONS else []  # ours include theirs
-        build_dir = workdir / f"build-{_digest(sources + headers, _cflags(name), archs)}"
+        build_dir = workdir / f"build-{_digest(prepared, _cflags(name), archs)}"
         built = build_dir / f"{name}.so"
         if built.exists():
             if trust.verified(built):

@@ -110,9 +110,9 @@ def flash_attention(g, query, key, value, attn_mask, dropout_p, is_causal, scale
         return None
     symbolic_helper, _type_utils = exporter_helpers()
     JST = _type_utils.JitScalarType
-    if not _eager_ran_flash_everywhere() or any(scalar_type(t) != JST.FLOAT for t in (query, key, value)):
-        return None
-    if any(symbolic_helper._get_tensor_rank(t) != 4 for t in (query, key, value)):
+    if not _eager_ran_flash_everywhere() or any(
+        scalar_type(t) != JST.FLOAT or symbolic_helper._get_tensor_rank(t) != 4 for t in (query, key, value)
+    ):
         return None
     if symbolic_helper._maybe_get_const(dropout_p, "f") != 0.0:
         return None
@@ -164,6 +164,13 @@ def flash_attention_gradient():
 GRADIENTS = {(_ATEN, "ATen", FLASH, ""): flash_attention_gradient}
 
 
+def _operator(node):
+    """The ``operator`` attribute of an ATen node of PyTorch's domain, else None."""
+    if node.op_type != "ATen" or node.domain != _ATEN:
+        return None
+    return next((a for a in node.attribute if a.name == "operator"), None)
+
+
 def name_unneeded_gradients(graph) -> int:
     """Give the kernel's backward nodes in a built training graph a named output for each gradient
     no one asked for (a frozen projection's keys: ORT leaves that output unnamed); returns how many.
@@ -173,8 +180,8 @@ def name_unneeded_gradients(graph) -> int:
 
     named = 0
     for index, node in enumerate(graph.node):
-        operator = next((a.s for a in node.attribute if a.name == "operator"), b"")
-        if node.op_type != "ATen" or node.domain != _ATEN or operator != FLASH_BACKWARD.encode():
+        operator = _operator(node)
+        if operator is None or operator.s != FLASH_BACKWARD.encode():
             continue
         outputs = list(node.output) + [""] * (3 - len(node.output))
         for i, name in enumerate(outputs):
@@ -200,10 +207,8 @@ def use_own_kernel(graph, threads: int) -> int:
     threads_name = f"ort_hf/flash_attention_threads_{threads}"
     moved = 0
     for node in graph.node:
-        operator = next((a for a in node.attribute if a.name == "operator"), None)
-        if node.op_type != "ATen" or node.domain != _ATEN or operator is None:
-            continue
-        own = OWN.get(operator.s.decode())
+        operator = _operator(node)
+        own = None if operator is None else OWN.get(operator.s.decode())
         if own is None:
             continue
         name, arguments = own
