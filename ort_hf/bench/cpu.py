@@ -43,8 +43,10 @@ def cpu_key(model: str, capability: str, cores: int) -> str:
 
 
 def describe(record: dict) -> str:
-    """One line for a table or a heading: "AMD EPYC, AVX2, 2 cores"."""
-    return f"{record['model']}, {record['capability']}, {record['cores']} cores"
+    """One line for a table or a heading: "AMD EPYC, AVX2, 2 cores" ("Intel(R) Xeon(R) Processor @
+    2.50GHz" reads "Intel Xeon")."""
+    model = " ".join(_NOISE.sub(" ", record["model"]).split()) or record["model"]
+    return f"{model}, {record['capability']}, {record['cores']} cores"
 
 
 def record_of(conditions: dict) -> dict | None:

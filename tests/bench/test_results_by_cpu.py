@@ -9,7 +9,7 @@ import math
 import torch
 
 from ort_hf.bench.by_cpu import markdown_by_cpu, write_by_cpu
-from ort_hf.bench.cpu import cpu_key, cpu_record, make_record, record_of
+from ort_hf.bench.cpu import cpu_key, cpu_record, describe, make_record, record_of
 from ort_hf.bench.render import markdown
 from ort_hf.bench.summary import summarize
 from ort_hf.whole_run import break_even_steps, whole_run_s
@@ -95,6 +95,8 @@ def test_rendering_two_cpu_kinds_keeps_both_with_their_own_targets(tmp_path):
 def test_each_table_names_its_cpu():
     report = _report(make_record("AMD EPYC", "AVX2", 2), 2.0)
     assert "CPU: AMD EPYC, AVX2, 2 cores" in markdown(report["rows"], [], report["conditions"])
+    # /proc/cpuinfo's model name, as an Intel Xeon VM gives it, without its marks and clock
+    assert describe(make_record("Intel(R) Xeon(R) Processor @ 2.50GHz", "AVX512", 2)) == "Intel Xeon, AVX512, 2 cores"
 
 
 def test_break_even_is_where_the_whole_runs_cross():
