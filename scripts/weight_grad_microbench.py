@@ -50,6 +50,11 @@ SHAPES = (  # (tokens, out, in)
     (1024, 1536, 576),
     (1024, 576, 1536),
     (1024, 49152, 576),
+    (512, 1536, 1536),  # the bench's lora-485m (Qwen2, 4 x 128 tokens): its frozen layers and head
+    (512, 512, 1536),
+    (512, 4224, 1536),
+    (512, 1536, 4224),
+    (256, 30522, 1536),  # the head on the labelled half of the rows
 )
 
 

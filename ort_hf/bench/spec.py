@@ -89,7 +89,7 @@ class Variant:
     cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
     chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss
-    cpu_lm_head_forward_swap: bool = True  # ORTTrainer's ort_cpu_lm_head_forward_swap
+    cpu_lm_head_forward_swap: bool | None = None  # ORTTrainer's ort_cpu_lm_head_forward_swap
     cpu_flash_attention: bool = True  # ORTTrainer's ort_cpu_flash_attention
 
 
@@ -154,8 +154,9 @@ VARIANTS = {
             "ort-chunked",
             True,
             "ORTTrainer with the fused chunked LM-head loss (ort_chunked_lm_loss=True), its forward "
-            "product on ORT's MatMul",
+            "product on ORT's MatMul (ort_cpu_lm_head_forward_swap=True)",
             chunked_lm_loss=True,
+            cpu_lm_head_forward_swap=True,
             tasks=("clm",),
             default=False,
         ),

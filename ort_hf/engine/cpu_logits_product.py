@@ -1,15 +1,22 @@
 """The fused chunked LM head's forward product ``X W^T`` (``module_with_loss/chunked_lm_loss.py``) on
-ORT's CPU MatMul (MLAS) instead of PyTorch's ``mm`` (MKL), which runs a vocabulary's transposed weight
-more slowly.
+ORT's CPU MatMul (MLAS) instead of PyTorch's ``mm`` (MKL), on the CPUs where MKL runs a vocabulary's
+transposed weight more slowly: AMD's. :func:`ort_product_wanted` decides.
 
-On a 2-core AMD EPYC (AVX2), ``scripts/weight_grad_microbench.py --products forward-and-input-grad``
-(``docs/results/kernel-profiles/amd-epyc-avx2-2cpu/forward-and-input-grad.json``) timed the forward
-product over 2,048 rows: at GPT-2's 50,257 x 384 ORT's took 833 ms against ``mm``'s 1,002, at
-50,257 x 256 437 against 735, at 49,152 x 576 433 against 562, at 32,768 x 512 500 against 670, at
-32,000 x 384 457 against 485. The other two products of the head stay on ``mm``: the weight's
-gradient is faster there (``weight-grad.json``), and the hidden states' gradient is faster in ORT on
-some of those shapes (606 against 649 ms at 50,257 x 384) and slower on others (760 against 586 at
-32,768 x 512), the same file.
+``scripts/weight_grad_microbench.py --products forward-and-input-grad`` timed the forward product
+over 2,048 rows (``docs/results/kernel-profiles/<cpu>/forward-and-input-grad.json``):
+
+- On a 2-core AMD EPYC (AVX2) ORT's is faster: at GPT-2's 50,257 x 384 833 ms against ``mm``'s 1,002,
+  at 50,257 x 256 437 against 735, at 49,152 x 576 (1,024 rows) 433 against 562, at 32,768 x 512 500
+  against 670, at 32,000 x 384 457 against 485.
+- On a 2-core Intel Xeon (AVX512) ``mm`` is: at 50,257 x 384 298 ms against ORT's 438, at 50,257 x
+  256 206 against 279, at 49,152 x 576 239 against 282, at 32,768 x 512 266 against 323, at 32,000 x
+  384 182 against 237; at 30,522 x 256 ORT's is 7% faster (162 against 175), and even at 37,984 x
+  512 (512 rows).
+
+The other two products of the head stay on ``mm`` on every CPU: the weight's gradient is faster
+there (``weight-grad.json``), and the hidden states' gradient is faster in ORT on some AMD shapes
+(606 against 649 ms at 50,257 x 384) and slower on others (760 against 586 at 32,768 x 512), and
+slower in ORT at every vocabulary on the Intel Xeon, the same file.
 
 One ORT inference session per weight shape (``MatMul(x, Transpose(w))``, which ORT fuses into one
 ``FusedMatMul``), its inputs and output bound to the tensors' own memory (no copy), ``threads`` intra-op
@@ -27,8 +34,32 @@ an ``enable_cpu_mem_arena`` set on ORTModule's session options alone would be ig
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import torch
+
+# /proc/cpuinfo's vendor_id of the CPUs where the forward product was measured faster on ORT's MatMul
+ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), "" where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
+    """Whether the head's forward product runs on ORT's MatMul: as ``asked``
+    (``ORTOptions.cpu_lm_head_forward_swap``), else on the CPUs of :data:`ORT_PRODUCT_VENDORS` only,
+    where it was measured faster (the module docstring); elsewhere on PyTorch's ``mm``, as eager."""
+    if asked is not None:
+        return asked
+    return (cpu_vendor() if vendor is None else vendor) in ORT_PRODUCT_VENDORS
 
 
 class LogitsProduct:

@@ -229,10 +229,11 @@ class ORTOptions:
         "without keeping the attention probabilities for the backward (engine/symbolics/flash_attention.py). "
         "False keeps ORT's decomposition.",
     )
-    cpu_lm_head_forward_swap: bool = _opt(
-        True,
+    cpu_lm_head_forward_swap: bool | None = _opt(
+        None,
         "CPU: run the fused chunked LM head's forward product (--ort_chunked_lm_loss) on ORT's "
-        "MatMul instead of PyTorch's mm, faster on a vocabulary's weight; same products "
+        "MatMul instead of PyTorch's mm; same products. Default: on AMD CPUs, where it was measured "
+        "faster on a vocabulary's weight, off on the others (an Intel Xeon's mm was faster) "
         "(engine/cpu_logits_product.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo, fused_loss_proven
+from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo, fused_loss_proven, ort_product_wanted
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.chunked_lm_loss import PRODUCTS
@@ -79,7 +79,8 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
-        if args.ort_cpu_lm_head_forward_swap and next(module.parameters()).device.type == "cpu":
+        on_cpu = next(module.parameters()).device.type == "cpu"
+        if on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap):
             module.head_product = f"ort_matmul_threads_{module.head_threads}"
             PRODUCTS.setdefault(module.head_product, LogitsProduct(module.head_threads))
         logger.info(

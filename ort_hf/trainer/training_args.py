@@ -88,7 +88,7 @@ class ORTTrainingArguments(TrainingArguments):
         metadata={
             "help": "With ModuleWithLoss and dense causal-LM labels (--ort_loss_in_graph auto, label sparsity "
             "with nothing to drop), compute the LM head's projection and the cross-entropy fused, in row chunks, "
-            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul, "
+            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul on AMD CPUs, "
             "--ort_cpu_lm_head_forward_swap): no full logits, none crossing to PyTorch. Used where the first "
             "batch shows the model's logits are its head's projection of its backbone's hidden states (float32, "
             "no PEFT); otherwise the loss runs in PyTorch from ORT's logits. Default: on for the model classes "
@@ -178,7 +178,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_weight_grad_swap: bool = _ort("cpu_weight_grad_swap")
     ort_cpu_flash_attention: bool = _ort("cpu_flash_attention")
     ort_cpu_weight_grad_min_dim: int = _ort("cpu_weight_grad_min_dim")
-    ort_cpu_lm_head_forward_swap: bool = _ort("cpu_lm_head_forward_swap")
+    ort_cpu_lm_head_forward_swap: bool | None = _ort("cpu_lm_head_forward_swap")
     ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")
     ort_preflight: str = _ort("preflight")
 

@@ -10,7 +10,7 @@ import torch
 from tiny_models import FAMILIES, build, id_dataset, make_batch, tiny_args
 from transformers import Trainer, TrainingArguments
 
-from ort_hf.engine import LogitsProduct, ORTOptions, wrap_model
+from ort_hf.engine import LogitsProduct, ORTOptions, cpu_logits_product, wrap_model
 from ort_hf.engine import proven as proven_module
 from ort_hf.module_with_loss import ModuleWithLoss, chunked_lm_loss
 from ort_hf.module_with_loss.chunked_head import fused_in_graph
@@ -110,7 +110,12 @@ def _train(cls_trainer, cls_args, out, family, **kw):
 def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_path, family):
     _, ref_losses, ref_params = _train(Trainer, TrainingArguments, tmp_path / "pt", family)
     trainer, losses, params = _train(
-        ORTTrainer, ORTTrainingArguments, tmp_path / "ort", family, ort_chunked_lm_loss=True
+        ORTTrainer,
+        ORTTrainingArguments,
+        tmp_path / "ort",
+        family,
+        ort_chunked_lm_loss=True,
+        ort_cpu_lm_head_forward_swap=True,  # the default on AMD CPUs only (cpu_logits_product.py)
     )
     assert trainer.ort_engine_status().backend == "ort"
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
@@ -118,10 +123,27 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
     assert fused_in_graph(trainer.ort_engine.training_graph())
     assert trainer.ort_engine.label_sparsity_fired() is False
     head_product = chunked_lm_loss.PRODUCTS[trainer.ort_engine.module.head_product]
-    assert head_product._sessions  # the chunks' forward products ran on ORT's MatMul (the default on CPU)
+    assert head_product._sessions  # the chunks' forward products ran on ORT's MatMul
     assert len(losses) == 4 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-5
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_the_heads_forward_product_is_ort_s_by_default_on_amd_cpus_only(small_chunks, monkeypatch, tmp_path, vendor):
+    """Where it was measured faster (cpu_logits_product.py): ORT's MatMul on AMD, PyTorch's mm on Intel."""
+    monkeypatch.setattr(cpu_logits_product, "cpu_vendor", lambda: vendor)
+    trainer, _, _ = _train(
+        ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=True
+    )
+    assert fused_in_graph(trainer.ort_engine.training_graph())
+    product = trainer.ort_engine.module.head_product
+    if vendor == "AuthenticAMD":
+        assert chunked_lm_loss.PRODUCTS[product]._sessions  # the chunks' products ran on ORT's MatMul
+    else:
+        assert product is None  # on mm
+    assert cpu_logits_product.ort_product_wanted(True, vendor="GenuineIntel")  # the option overrides
+    assert not cpu_logits_product.ort_product_wanted(False, vendor="AuthenticAMD")
 
 
 def _fused_loss_proven_for(monkeypatch, names: set[str]) -> None:
