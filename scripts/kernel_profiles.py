@@ -12,9 +12,14 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
     python scripts/kernel_profiles.py --model_dir /tmp/heldout/llama-6x384-v32k --shape 4 512 \\
         --out_dir docs/results/kernel-profiles/<cpu key>   # a causal or masked LM's folder (scripts/heldout_models.py)
     python scripts/kernel_profiles.py --model_dir ... --tag chunked --on chunked_lm_loss
+    python scripts/kernel_profiles.py --bench_workload clm --out_dir ...          # ort-hf bench's model
+    python scripts/kernel_profiles.py --bench_workload clm --eager --out_dir ...  # the same, PyTorch's run
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
-machine better than the times, since every kernel is slowed alike). A diagnostic, not a test."""
+machine better than the times, since every kernel is slowed alike); with ``--eager``, PyTorch's own
+run under ``torch.profiler`` instead, self CPU time by ATen op (the optimizer's ops included, which
+ORT's profile leaves out), so that the two engines' products can be set side by side. A diagnostic,
+not a test."""
 
 from __future__ import annotations
 
@@ -129,10 +134,29 @@ def _model(family: str):
     return specs[family]
 
 
+def _bench_model(name: str):
+    """(task, model, config) of ``ort-hf bench``'s workload ``name``, built as the bench builds it."""
+    from ort_hf.bench.models import build_model, load_tokenizer
+    from ort_hf.bench.spec import WORKLOADS, BenchSettings
+
+    workload, settings = WORKLOADS[name], BenchSettings()
+    model = build_model(workload, settings, load_tokenizer(settings))
+    return workload.task, model, model.config
+
+
 def _train(
-    family: str, profile_dir: str, off: list[str], model_dir: str | None = None, shape=None, on: list[str] = ()
+    family: str,
+    profile_dir: str,
+    off: list[str],
+    model_dir: str | None = None,
+    shape=None,
+    on: list[str] = (),
+    bench_workload: str | None = None,
+    eager: bool = False,
 ) -> None:
-    """One profiled run (in its own process); ``model_dir``: a causal or masked LM's folder instead of a family."""
+    """One profiled run (in its own process); ``model_dir``: a causal or masked LM's folder instead of a
+    family; ``bench_workload``: ort-hf bench's model of that workload; ``eager``: PyTorch's run, under
+    torch.profiler (its table is written to ``profile_dir``/eager.txt)."""
     import time
 
     import torch
@@ -140,7 +164,12 @@ def _train(
 
     from ort_hf import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments, ORTTrainer, ORTTrainingArguments
 
-    if model_dir:
+    if bench_workload:
+        from ort_hf.bench.spec import WORKLOADS
+
+        task, model, config = _bench_model(bench_workload)
+        shape = shape or (WORKLOADS[bench_workload].batch_size, WORKLOADS[bench_workload].seq_len)
+    elif model_dir:
         import transformers as tf
 
         config = tf.AutoConfig.from_pretrained(model_dir)
@@ -160,6 +189,8 @@ def _train(
         row = {"input_ids": ids, "attention_mask": torch.ones(seq, dtype=torch.long)}
         if task == "clm":
             row["labels"] = ids.clone()
+        elif task == "lora":  # as the bench's LoRA rows: the first half a prompt, out of the loss
+            row["labels"] = torch.cat([torch.full((seq // 2,), -100), ids[seq // 2 :]])
         elif task == "mlm":  # 15% of positions predicted, as the collator's default
             row["labels"] = torch.where(torch.rand(seq, generator=masked_rows) < 0.15, ids, -100)
         elif task == "cls":
@@ -187,13 +218,34 @@ def _train(
             max_steps=4,
             report_to=[],
             save_strategy="no",
-            ort_profile_dir=profile_dir,
-            ort_fallback="disable",
-            ort_preflight="never",
+            **(
+                {"use_ort": False}
+                if eager
+                else {"ort_profile_dir": profile_dir, "ort_fallback": "disable", "ort_preflight": "never"}
+            ),
             **{f"ort_{option}": False for option in off},
             **{f"ort_{option}": True for option in on},
         )
-        trainer_cls(model=model, args=args, train_dataset=rows, callbacks=[StepClock()]).train()
+        trainer = trainer_cls(model=model, args=args, train_dataset=rows, callbacks=[StepClock()])
+        if not eager:
+            trainer.train()
+            return
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            trainer.train()
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        Path(profile_dir, "eager.txt").write_text(eager_summary(profiler.key_averages()))
+
+
+def eager_summary(averages, top: int = 25) -> str:
+    """PyTorch's self CPU time by ATen op, largest first, in ``summary``'s format."""
+    rows = sorted((a for a in averages if a.self_cpu_time_total > 0), key=lambda a: -a.self_cpu_time_total)
+    total = sum(a.self_cpu_time_total for a in rows)
+    lines = [f"total self CPU us {total:.0f} (torch.profiler; the optimizer's ops included)"]
+    for a in rows[:top]:
+        lines.append(
+            f"{a.key:40s} {a.self_cpu_time_total / total * 100:5.1f}% {a.self_cpu_time_total / 1e3:9.1f}ms n={a.count}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def summary(profile: Path, top: int = 25) -> str:
@@ -222,6 +274,10 @@ def main() -> None:
     parser.add_argument(
         "--model_dir", help="profile this causal or masked LM's folder (named after it) instead of families"
     )
+    parser.add_argument(
+        "--bench_workload", help="profile ort-hf bench's model of this workload (clm, clm-gpt2, lora-485m, ...)"
+    )
+    parser.add_argument("--eager", action="store_true", help="profile PyTorch's run (torch.profiler) instead of ORT's")
     parser.add_argument("--shape", type=int, nargs=2, metavar=("BATCH", "SEQ"), help="default 8 256 (clm), 16 128")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--tag", default="after")
@@ -231,25 +287,32 @@ def main() -> None:
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
     unknown = sorted(set(args.families) - set(FAMILIES))
-    if unknown or not (args.families or args.model_dir):
-        parser.error(f"name families from {', '.join(FAMILIES)} (not {unknown}), or --model_dir")
+    if unknown or not (args.families or args.model_dir or args.bench_workload):
+        parser.error(f"name families from {', '.join(FAMILIES)} (not {unknown}), --model_dir or --bench_workload")
     if args._run:
-        _train(args.families[0] if args.families else "", args._run, args.off, args.model_dir, args.shape, args.on)
+        family = args.families[0] if args.families else ""
+        _train(family, args._run, args.off, args.model_dir, args.shape, args.on, args.bench_workload, args.eager)
         return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     extra = (["--model_dir", args.model_dir] if args.model_dir else []) + (
         ["--shape", *map(str, args.shape)] if args.shape else []
     )
-    for family in [Path(args.model_dir).name] if args.model_dir else args.families:
+    extra += (["--bench_workload", args.bench_workload] if args.bench_workload else []) + (
+        ["--eager"] if args.eager else []
+    )
+    named = [f"bench-{args.bench_workload}"] if args.bench_workload else []
+    for family in named or ([Path(args.model_dir).name] if args.model_dir else args.families):
         with tempfile.TemporaryDirectory() as tmp:
             profile_dir = str(Path(args.profile_dir) / f"{family}-{args.tag}") if args.profile_dir else tmp
-            families = [] if args.model_dir else [family]
+            families = [] if args.model_dir or args.bench_workload else [family]
             cmd = [sys.executable, __file__, *families, "--out_dir", str(out), "--_run", profile_dir, *extra]
             cmd += ["--off", *args.off, "--on", *args.on]
             subprocess.run(cmd, check=True)
-            profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)  # the training session's
-            text = summary(profile)
+            if args.eager:
+                text = Path(profile_dir, "eager.txt").read_text()
+            else:  # the training session's profile
+                text = summary(max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size))
         (out / f"{family}-{args.tag}.txt").write_text(text)
         print(f"== {family} ({args.tag})\n{text}", flush=True)
 

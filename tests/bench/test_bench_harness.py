@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ort_hf.bench.cpu import cpu_record
+from ort_hf.bench.cpu import cpu_record, describe
 from ort_hf.cli import main
 
 ROW_KEYS = {
@@ -117,10 +117,10 @@ def test_tiny_bench_writes_table_json_and_chart(tiny_model_dir, tmp_path, capsys
     assert "train() s (vs eager)" in table
     assert "| sst2-dynamic | ort | ort |" in table and "| sst2-dynamic | eager | pytorch |" in table
     assert table in printed
-    assert table.startswith(f"# ort-hf bench\n\nCPU: {cpu_record()['model']}")
+    assert table.startswith(f"# ort-hf bench\n\nCPU: {describe(cpu_record())} (results folder {cpu_record()['key']})")
     assert "whole run faster from step" in table
     by_cpu = (root / "by-cpu.md").read_text()
-    assert "| sst2-dynamic | ort |" in by_cpu and f"## {cpu_record()['model']}" in by_cpu
+    assert "| sst2-dynamic | ort |" in by_cpu and f"## {describe(cpu_record())}" in by_cpu
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
