@@ -85,8 +85,10 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
             PRODUCTS.setdefault(module.head_product, LogitsProduct(module.head_threads))
         logger.info(
             "ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
-            "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss).",
+            "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss), its forward product on "
+            "%s (--ort_cpu_lm_head_forward_swap).",
             100 * density,
+            "ORT's MatMul" if module.head_product else "PyTorch's mm",
         )
         return
     logger.info(

@@ -88,7 +88,7 @@ class ORTTrainingArguments(TrainingArguments):
         metadata={
             "help": "With ModuleWithLoss and dense causal-LM labels (--ort_loss_in_graph auto, label sparsity "
             "with nothing to drop), compute the LM head's projection and the cross-entropy fused, in row chunks, "
-            "inside the ORT graph (a PythonOp; its forward product on ORT's MatMul on AMD CPUs, "
+            "inside the ORT graph (a PythonOp; its forward product's library: "
             "--ort_cpu_lm_head_forward_swap): no full logits, none crossing to PyTorch. Used where the first "
             "batch shows the model's logits are its head's projection of its backbone's hidden states (float32, "
             "no PEFT); otherwise the loss runs in PyTorch from ORT's logits. Default: on for the model classes "

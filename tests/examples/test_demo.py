@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ort_hf.bench.cpu import describe
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"  # as `make demo` finds it (SST-2 is not committed)
 
@@ -44,7 +46,7 @@ def test_demo_runs_offline_through_pytorch_and_ort(tmp_path):
     assert "64 training sentences" in proc.stdout or not sst2  # 4 steps of 16
     assert "whole run faster from step" in proc.stdout and "whole run (train()) s" in proc.stdout
     cpu = comparison["cpu"]
-    assert f"On this CPU ({cpu['model']}, {cpu['capability']}, {cpu['cores']} cores) ORT" in proc.stdout
+    assert f"On this CPU ({describe(cpu)}) ORT" in proc.stdout
     assert comparison["verdict"] in proc.stdout
     assert ("did NOT win" in comparison["verdict"]) == (
         comparison["pytorch"]["train_runtime_s"] <= comparison["ort"]["train_runtime_s"]
