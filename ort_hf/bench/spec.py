@@ -91,6 +91,7 @@ class Variant:
     chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss
     cpu_lm_head_forward_swap: bool | None = None  # ORTTrainer's ort_cpu_lm_head_forward_swap
     cpu_flash_attention: bool = True  # ORTTrainer's ort_cpu_flash_attention
+    torch_threads_in_graph: int | None = None  # ORTTrainer's ort_torch_threads_in_graph
 
 
 VARIANTS = {
@@ -184,6 +185,14 @@ VARIANTS = {
             "ORTTrainer with attention as ORT's decomposition instead of PyTorch's flash-attention kernel "
             "(ort_cpu_flash_attention=False): what the kernel saves; not in the default run",
             cpu_flash_attention=False,
+            default=False,
+        ),
+        Variant(
+            "ort-torch-threads",
+            True,
+            "ORTTrainer with PyTorch's kernels inside ORT's graph on 2 threads instead of 1 "
+            "(ort_torch_threads_in_graph=2); not in the default run",
+            torch_threads_in_graph=2,
             default=False,
         ),
         Variant(

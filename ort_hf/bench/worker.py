@@ -119,6 +119,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             ort_chunked_lm_loss=variant.chunked_lm_loss,
             ort_cpu_lm_head_forward_swap=variant.cpu_lm_head_forward_swap,
             ort_cpu_flash_attention=variant.cpu_flash_attention,
+            ort_torch_threads_in_graph=variant.torch_threads_in_graph,
             ort_memory_budget_mb=settings.memory_budget_mb if variant.budget else None,
             ort_fallback="disable",  # never measure PyTorch while calling it ORT
             ort_intra_op_threads=settings.threads,  # ORT's pool would otherwise take every core
