@@ -40,10 +40,10 @@ def _cell(row: dict | None, rows: list[dict]) -> str:
     if "speedup_min" in row and row.get("rounds_ok", 1) > 1:
         text += f" ({row['speedup_min']:.2f}–{row['speedup_max']:.2f})"
     steps = break_even(row, rows)
-    if steps is not None and math.isinf(steps):
-        text += "; whole run never faster"
-    elif steps is not None:
-        text += f"; whole run faster from step {format_break_even(steps)}"
+    if steps is not None:
+        text += "; whole run " + (
+            "never faster" if math.isinf(steps) else f"faster from step {format_break_even(steps)}"
+        )
     return text
 
 
