@@ -87,6 +87,7 @@ class Variant:
     default: bool = True  # part of a plain `ort-hf bench`
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
     cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
+    cpu_linear_product_swap: bool | None = None  # ORTTrainer's ort_cpu_linear_product_swap
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
     chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss
     cpu_lm_head_forward_swap: bool | None = None  # ORTTrainer's ort_cpu_lm_head_forward_swap
@@ -149,6 +150,22 @@ VARIANTS = {
             "ORTTrainer with ORT's own Gemm for the linear weights' gradients "
             "(ort_cpu_weight_grad_swap=False): what computing them with PyTorch's mm saves",
             cpu_weight_grad_swap=False,
+            default=False,
+        ),
+        Variant(
+            "ort-ort-linear",
+            True,
+            "ORTTrainer with ORT's own MatMul for the linear layers' forward products and input gradients "
+            "(ort_cpu_linear_product_swap=False): what PyTorch's products save where they are on by default",
+            cpu_linear_product_swap=False,
+            default=False,
+        ),
+        Variant(
+            "ort-torch-linear",
+            True,
+            "ORTTrainer with PyTorch's matrix product for the linear layers' forward products and input "
+            "gradients (ort_cpu_linear_product_swap=True): what they save where they are off by default",
+            cpu_linear_product_swap=True,
             default=False,
         ),
         Variant(

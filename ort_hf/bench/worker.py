@@ -115,6 +115,7 @@ def _train(workload, variant, settings, model, dataset, collate) -> dict:
             ort_memory_opt_level=variant.memory_opt_level,
             ort_cpu_dropout_kernels=variant.cpu_dropout_kernels,
             ort_cpu_weight_grad_swap=variant.cpu_weight_grad_swap,
+            ort_cpu_linear_product_swap=variant.cpu_linear_product_swap,
             ort_enable_mem_reuse=variant.mem_reuse,
             ort_chunked_lm_loss=variant.chunked_lm_loss,
             ort_cpu_lm_head_forward_swap=variant.cpu_lm_head_forward_swap,

@@ -29,6 +29,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
 - The ``Gemm`` and ``Transpose`` that give a linear weight's gradient run as PyTorch's
   matrix product (``cpu_weight_grad.py`` has why and its figures); it runs first, so that the
   ``Gemm`` correction below does not take that Gemm.
+- On Intel CPUs, a linear layer's forward product and its input's gradient run as PyTorch's matrix
+  product too (``cpu_linear_products.py`` has why, where and its figures), also before the ``Gemm``
+  correction.
 - ``Dropout`` draws its mask serially (one ``minstd_rand0`` draw an element) and ``DropoutGrad``
   is one serial pass. Both become ORT ``ATen`` nodes running ort_hf's kernels
   (``csrc/cpu_dropout.cpp``, through torch's dispatcher), with the same contract; the mask
@@ -70,6 +73,7 @@ from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from .._onnx_graph import readers_of
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
+from .cpu_linear_products import FORWARD, INPUT_GRAD, swap_linear_products
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
@@ -533,6 +537,11 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
             moved = swap_weight_grads(graph, threads, record.weight_grad_min_dim)  # before the Gemm correction
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
+        if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
+            for operator, count in swap_linear_products(graph, threads, record.weight_grad_min_dim).items():
+                swapped[
+                    {FORWARD: "MatMul (linear forward)", INPUT_GRAD: "MatMul (linear input gradient)"}[operator]
+                ] = count
         swapped.update(swap_kernels(graph, record.kernel_swaps))
     record.swapped = swapped
 

@@ -117,13 +117,14 @@ def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
 def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
     ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s."""
-    readers = readers_of(graph.node)
+    original = list(graph.node)  # held: a node's id() stays its own while the list lives
+    readers = readers_of(original)
     labelled_rows = _after_label_sparsity(graph, readers)
     shapes = _static_shapes(graph)
     replaced: dict[int, object] = {}
     dropped: set[int] = set()
     threads_name = f"ort_hf/weight_grad_threads_{threads}"
-    for node in graph.node:
+    for node in original:
         found = _weight_grad_product(node, readers, shapes, min_dim)
         if found is None or node.input[0] in labelled_rows:  # a sum over the labelled rows only (module docstring)
             continue
@@ -150,7 +151,7 @@ def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRA
             value=helper.make_tensor(threads_name, TensorProto.INT64, [], [threads]),
         )
     ]
-    nodes += [replaced.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    nodes += [replaced.get(id(node), node) for node in original if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
     return len(replaced)

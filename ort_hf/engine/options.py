@@ -219,8 +219,16 @@ class ORTOptions:
     )
     cpu_weight_grad_min_dim: int = _opt(
         WEIGHT_GRAD_MIN_DIM,
-        "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
-        "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
+        "CPU: the fewest rows and columns of a weight whose products cpu_weight_grad_swap and "
+        "cpu_linear_product_swap move (smaller products, such as a LoRA factor's, gain nothing) "
+        "(engine/cpu_weight_grad.py).",
+    )
+    cpu_linear_product_swap: bool | None = _opt(
+        None,
+        "CPU: compute the linear layers' forward products and their inputs' gradients with PyTorch's "
+        "matrix product instead of ORT's MatMul; same products. Default: on Intel CPUs, where it was "
+        "measured faster at the layers' shapes, off on the others (an AMD EPYC's were even) "
+        "(engine/cpu_linear_products.py).",
     )
     cpu_flash_attention: bool = _opt(
         True,

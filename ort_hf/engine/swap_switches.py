@@ -13,10 +13,22 @@ SWITCHES = {
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
     "weight_grad": "cpu_weight_grad_swap",
+    "linear_product": "cpu_linear_product_swap",
     "flash_attention": "cpu_flash_attention",
 }
 CORRECTIONS = frozenset({"conv_grad", "gemm"})
 ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
+
+
+def switched_on(options, option: str) -> bool:
+    """Whether ``options``' switch ``option`` is on; unset (None), as the CPU decides
+    (``cpu_linear_products.linear_products_wanted``, the one switch that is unset by default)."""
+    value = getattr(options, option)
+    if value is None:
+        from .cpu_linear_products import linear_products_wanted
+
+        return linear_products_wanted(None)
+    return value
 
 
 def wanted_swaps(options, device_type: str) -> frozenset[str]:
@@ -27,7 +39,7 @@ def wanted_swaps(options, device_type: str) -> frozenset[str]:
     plans keep their savings."""
     if device_type != "cpu":
         return frozenset()
-    wanted = {name for name, option in SWITCHES.items() if getattr(options, option)}
+    wanted = {name for name, option in SWITCHES.items() if switched_on(options, option)}
     if options.memory_optimizer_on:
         wanted.discard("dropout")
     return frozenset(wanted) | CORRECTIONS

@@ -12,7 +12,7 @@ from . import placement
 from .options import ORTOptions
 from .proven import inner_model, padding_rewrite_proven, proven_exact
 from .runtime import EngineState
-from .swap_switches import CORRECTIONS, SWITCHES
+from .swap_switches import CORRECTIONS, SWITCHES, switched_on
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,10 @@ def rewrites_line(name: str, settings: WrapSettings, swaps: frozenset[str]) -> t
         on = sorted(swaps - CORRECTIONS)
         off = [
             f"{swap} (recompute keeps ORT's)"
-            if getattr(options, SWITCHES[swap])
+            if switched_on(options, SWITCHES[swap])
             else f"{swap} (--ort_{SWITCHES[swap]} false)"
+            if getattr(options, SWITCHES[swap]) is not None
+            else f"{swap} (not on this CPU; --ort_{SWITCHES[swap]} true forces it)"
             for swap in sorted(set(SWITCHES) - swaps)
         ]
         kernels = (

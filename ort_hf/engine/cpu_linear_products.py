@@ -1,0 +1,151 @@
+"""A linear layer's forward product ``X W^T`` and its input's gradient ``dY W`` computed by PyTorch's
+matrix product instead of ORT's ``MatMul`` and ``FusedMatMul`` (MLAS), on the CPUs where PyTorch's
+(MKL) was measured faster at the layers' shapes: Intel's.
+
+``scripts/weight_grad_microbench.py --products forward-and-input-grad`` timed both products at the
+bench models' layer shapes (``docs/results/kernel-profiles/<cpu>/forward-and-input-grad.json``):
+
+- On a 2-core Intel Xeon (AVX512) ``mm`` took less time for the input gradient at every shape
+  (LoRA 200M's 512 x 1024 x 1024: 6.2 against 9.4 ms; 2,048 x 3,072 x 768: 39.5 against 63.4) and
+  for the forward product at all but one (6.9 against 9.9 ms; 37.0 against 46.3); at the hidden-256
+  Llama's 688 x 256 feed-forward weight ORT's forward took 3.2 ms against 5.8.
+- On a 2-core AMD EPYC (AVX2) the two are even or ORT's is faster (8.5 against 8.5 ms at 512 x 1024
+  x 1024; 70.8 against 82.1 at 2,048 x 3,072 x 768): the products stay ORT's there.
+
+In ORT's training graph an ``nn.Linear`` weight ``W`` (out x in, a graph input) is read through one
+``Transpose`` (perm [1, 0]); its forward product is ``MatMul(X, W^T)`` and its input's gradient
+``FusedMatMul(dY, W^T, transB=1)`` (``Gemm`` for 2-D operands). Each becomes one ORT ``ATen`` node
+running ``ort_hf::linear_forward`` (``matmul(X, W.t())``, eager's ``linear`` without its bias) or
+``ort_hf::linear_input_grad`` (``matmul(dY, W)``, ``csrc/cpu_linear_product.cpp``) with PyTorch's
+thread count outside ORT's graph for its duration; the ``Transpose`` goes once nothing else reads it.
+Only a float32 weight of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows and columns (the
+bound the weight's gradient uses: not a LoRA factor), and a ``FusedMatMul`` or ``Gemm`` with
+``alpha`` 1 and no other transposition. Behind ``ORTOptions.cpu_linear_product_swap``.
+"""
+
+from __future__ import annotations
+
+from onnx import GraphProto, TensorProto, helper
+
+from .._onnx_graph import readers_of
+from . import cpu_logits_product
+from .cpu_weight_grad import large_enough
+from .options import WEIGHT_GRAD_MIN_DIM
+
+FORWARD = "ort_hf::linear_forward"
+INPUT_GRAD = "ort_hf::linear_input_grad"
+# /proc/cpuinfo's vendor_id of the CPUs where PyTorch's products were measured faster (the docstring)
+TORCH_PRODUCT_VENDORS = frozenset({"GenuineIntel"})
+
+
+def linear_products_wanted(asked: bool | None, vendor: str | None = None) -> bool:
+    """Whether the layers' forward products and input gradients move: as ``asked``
+    (``ORTOptions.cpu_linear_product_swap``), else on the CPUs of :data:`TORCH_PRODUCT_VENDORS` only."""
+    if asked is not None:
+        return asked
+    return (cpu_logits_product.cpu_vendor() if vendor is None else vendor) in TORCH_PRODUCT_VENDORS
+
+
+def _transposed_weights(graph: GraphProto, min_dim: int) -> dict[str, str]:
+    """``Transpose`` output -> the large enough float32 2-D weight (a graph input or initializer) it
+    transposes with perm [1, 0]."""
+    weights = {
+        v.name
+        for v in graph.input
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT
+        and len(dims := [d.dim_value for d in v.type.tensor_type.shape.dim]) == 2
+        and large_enough(*dims, min_dim)
+    }
+    weights |= {
+        t.name
+        for t in graph.initializer
+        if t.data_type == TensorProto.FLOAT and len(t.dims) == 2 and large_enough(*t.dims, min_dim)
+    }
+    return {
+        node.output[0]: node.input[0]
+        for node in graph.node
+        if node.op_type == "Transpose"
+        and node.domain in ("", "ai.onnx")
+        and node.input[0] in weights
+        and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[1, 0]]
+    }
+
+
+def _product(node, transposed: dict[str, str]) -> tuple[str, str, str] | None:
+    """``(operator, activation, weight)`` where ``node`` is a forward product or an input gradient
+    of a transposed weight, else None."""
+    if len(node.input) != 2 or node.input[1] not in transposed or node.input[0] in transposed:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+        return FORWARD, node.input[0], transposed[node.input[1]]
+    plain = float(attrs.get("alpha", 1.0)) == 1.0 and attrs.get("transA", 0) == 0 and attrs.get("transB", 0) == 1
+    if node.op_type == "FusedMatMul" and node.domain == "com.microsoft":
+        plain = plain and attrs.get("transBatchA", 0) == 0 and attrs.get("transBatchB", 0) == 0
+    elif node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
+        return None
+    return (INPUT_GRAD, node.input[0], transposed[node.input[1]]) if plain else None
+
+
+def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> dict[str, int]:
+    """Rewrite ``graph`` in place (see the module docstring); returns how many products moved, by
+    operator. ``threads``: PyTorch's thread count for the products; ``min_dim``: ``large_enough``'s."""
+    transposed = _transposed_weights(graph, min_dim)
+    if not transposed:
+        return {}
+    original = list(graph.node)  # held: a node's id() stays its own while the list lives
+    replaced: dict[int, object] = {}
+    moved: dict[str, int] = {}
+    threads_name = f"ort_hf/linear_product_threads_{threads}"
+    for node in original:
+        found = _product(node, transposed)
+        if found is None:
+            continue
+        operator, activation, weight = found
+        replaced[id(node)] = helper.make_node(
+            "ATen",
+            [activation, weight, threads_name],
+            [node.output[0]],
+            name=f"{node.name or node.output[0]}/{operator.replace('::', '_')}",
+            domain="org.pytorch.aten",
+            operator=operator,
+            overload_name="",
+        )
+        moved[operator] = moved.get(operator, 0) + 1
+    if not replaced:
+        return {}
+    outputs = {out.name for out in graph.output}
+    readers = readers_of(node for node in original if id(node) not in replaced)
+    dropped = {
+        id(node)
+        for node in original
+        if node.op_type == "Transpose"
+        and node.output[0] in transposed
+        and node.output[0] not in outputs
+        and not readers.get(node.output[0])
+    }
+    threads_node = helper.make_node(
+        "Constant",
+        [],
+        [threads_name],
+        name=threads_name,
+        value=helper.make_tensor(threads_name, TensorProto.INT64, [], [threads]),
+    )
+    nodes = [threads_node] + [replaced.get(id(node), node) for node in original if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _declare_float(graph, [node.output[0] for node in replaced.values()])
+    return moved
+
+
+def _declare_float(graph: GraphProto, names: list[str]) -> None:
+    """Give ``names`` float32 type in ``graph.value_info`` (ORT infers no type for an ATen node's
+    outputs); a declared shape is kept."""
+    wanted = set(names)
+    for info in graph.value_info:
+        if info.name in wanted:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT
+            wanted.discard(info.name)
+    graph.value_info.extend(
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names if name in wanted
+    )

@@ -1,0 +1,153 @@
+"""One ORTTrainer option on and off, timed in one process so that both sides see the same machine.
+
+Separate processes on a shared VM drift by tens of percent between invocations (eager's MLM step
+2,220 to 2,700 ms within one ``ort-hf bench``); this compares within one process instead. Two
+ORTTrainers (the option ``True`` and ``False``) train copies of ``ort-hf bench``'s model of a
+workload; their ``train()`` calls alternate (on, off, off, on, ...), each call ``--steps`` optimizer
+steps; every step but each call's first (the first call's export and session build, then the
+data loader's start) is timed. The batches are random token ids of the workload's shape (timing does
+not depend on the values): 15% of positions labelled for ``mlm``, the second half for ``lora``, every
+position for ``clm``, and rows of 8 to half the workload's length (SST-2's sentences are short), padded to the batch's longest, for ``cls``.
+
+    python scripts/paired_option_steps.py --workload lora-200m --option cpu_linear_product_swap --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _rows(task: str, seq_len: int, vocab: int, count: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(count):
+        length = int(torch.randint(8, seq_len // 2 + 1, (1,), generator=g)) if task == "cls" else seq_len
+        ids = torch.randint(3, vocab, (length,), generator=g)
+        if task == "mlm":
+            labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
+        elif task == "lora":
+            labels = torch.cat([torch.full((seq_len // 2,), -100), ids[seq_len // 2 :]])
+        elif task == "cls":
+            labels = torch.randint(0, 2, (), generator=g)
+        else:
+            labels = ids.clone()
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def _collate(rows: list[dict]) -> dict:
+    """Pad to the batch's longest row (token labels with -100), with the attention mask."""
+    longest = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r["input_ids"])] = r["input_ids"]
+        mask[i, : len(r["input_ids"])] = 1
+    if rows[0]["labels"].dim() == 0:
+        labels = torch.stack([r["labels"] for r in rows])
+    else:
+        labels = torch.full_like(ids, -100)
+        for i, r in enumerate(rows):
+            labels[i, : len(r["labels"])] = r["labels"]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", required=True, help="an ort-hf bench workload (mlm, clm, lora-200m, ...)")
+    parser.add_argument("--option", required=True, help="an ORTOptions switch, without ort_ (cpu_linear_product_swap)")
+    parser.add_argument("--calls", type=int, default=4, help="train() calls per side (default 4)")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per call (default 5)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", help="write the step times and the summary to this JSON file")
+    args = parser.parse_args()
+
+    from kernel_profiles import _bench_model
+    from transformers import TrainerCallback
+
+    from ort_hf import ORTTrainer, ORTTrainingArguments
+    from ort_hf.bench.cpu import cpu_record, describe
+    from ort_hf.bench.spec import WORKLOADS
+
+    torch.set_num_threads(args.threads)
+    task, model, config = _bench_model(args.workload)
+    workload = WORKLOADS[args.workload]
+    rows = _rows(task, workload.seq_len, config.vocab_size, workload.batch_size * args.steps)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_train_begin(self, *_, **__):
+            self.first = True
+
+        def on_step_begin(self, *_, **__):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            if not self.first:
+                self.times.append((time.perf_counter() - self.start) * 1e3)
+            self.first = False
+
+    out = tempfile.mkdtemp()
+    sides = {}
+    for value in (True, False):
+        training_args = ORTTrainingArguments(
+            output_dir=f"{out}/{value}",
+            per_device_train_batch_size=workload.batch_size,
+            max_steps=args.steps,
+            report_to=[],
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=10**6,
+            dataloader_num_workers=0,
+            ort_fallback="disable",
+            ort_intra_op_threads=args.threads,
+            **{f"ort_{args.option}": value},
+        )
+        clock = Clock()
+        trainer = ORTTrainer(
+            model=copy.deepcopy(model),
+            args=training_args,
+            train_dataset=rows,
+            data_collator=_collate,
+            callbacks=[clock],
+        )
+        sides[value] = (trainer, clock)
+    for call in range(args.calls):
+        for value in (True, False) if call % 2 == 0 else (False, True):
+            trainer, clock = sides[value]
+            trainer.train()
+            print(
+                f"call {call}, {args.option}={value}: steps {[round(t) for t in clock.times[-(args.steps - 1) :]]} ms"
+            )
+    on, off = sides[True][1].times, sides[False][1].times
+    summary = {
+        "workload": args.workload,
+        "option": args.option,
+        "cpu": describe(cpu_record()),
+        "on_median_ms": statistics.median(on),
+        "off_median_ms": statistics.median(off),
+        "off_over_on": statistics.median(off) / statistics.median(on),
+    }
+    print(
+        f"{args.workload} on {summary['cpu']}: {args.option}=True median step {summary['on_median_ms']:.0f} ms, "
+        f"False {summary['off_median_ms']:.0f} ms ({len(on)} steps each); False over True {summary['off_over_on']:.3f}"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps({**summary, "on_ms": on, "off_ms": off, "argv": sys.argv[1:]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
