@@ -538,7 +538,7 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
-            for operator, count in swap_linear_products(graph, threads, record.weight_grad_min_dim).items():
+            for operator, count in swap_linear_products(graph, threads, record.linear_product_min_dim).items():
                 swapped[
                     {FORWARD: "MatMul (linear forward)", INPUT_GRAD: "MatMul (linear input gradient)"}[operator]
                 ] = count

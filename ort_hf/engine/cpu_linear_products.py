@@ -30,7 +30,7 @@ from onnx import GraphProto, TensorProto, helper
 from .._onnx_graph import readers_of
 from . import cpu_logits_product
 from .cpu_weight_grad import large_enough
-from .options import WEIGHT_GRAD_MIN_DIM
+from .options import LINEAR_PRODUCT_MIN_DIM
 
 FORWARD = "ort_hf::linear_forward"
 INPUT_GRAD = "ort_hf::linear_input_grad"
@@ -87,7 +87,7 @@ def _product(node, transposed: dict[str, str]) -> tuple[str, str, str] | None:
     return (INPUT_GRAD, node.input[0], transposed[node.input[1]]) if plain else None
 
 
-def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> dict[str, int]:
+def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = LINEAR_PRODUCT_MIN_DIM) -> dict[str, int]:
     """Rewrite ``graph`` in place (see the module docstring); returns how many products moved, by
     operator. ``threads``: PyTorch's thread count for the products; ``min_dim``: ``large_enough``'s."""
     transposed = _transposed_weights(graph, min_dim)

@@ -27,6 +27,7 @@ class ExportRecord:
     device_type: str = "cpu"  # where the model trains (placement.py): the graph's device
     kernel_swaps: frozenset[str] = frozenset()  # cpu_kernel_swaps' swaps wanted in its training graph
     weight_grad_min_dim: int = 0  # ORTOptions.cpu_weight_grad_min_dim
+    linear_product_min_dim: int = 0  # ORTOptions.cpu_linear_product_min_dim
     swapped: dict[str, int] | None = None  # what cpu_kernel_swaps changed in the training graph built last
     export_count: int = 0
     export_seconds: float = 0.0
@@ -42,6 +43,7 @@ class ExportRecord:
         self.device_type = device_type
         self.kernel_swaps = wanted_swaps(options, device_type)
         self.weight_grad_min_dim = options.cpu_weight_grad_min_dim
+        self.linear_product_min_dim = options.cpu_linear_product_min_dim
         self.enable_label_sparsity = options.enable_label_sparsity
         self.enable_mem_reuse = options.mem_reuse_on
         self.intra_op_threads = options.intra_op_threads

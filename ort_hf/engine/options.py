@@ -28,6 +28,9 @@ SPARSITY_THRESHOLD = 0.9
 # default (cpu_weight_grad.py): a layer's projection, not a LoRA factor of rank below it. The
 # architecture sweep lowers it to 1, so that its tiny models' weights move as real-sized ones would.
 WEIGHT_GRAD_MIN_DIM = 128
+# The same bound for a linear weight's forward product and input gradient (cpu_linear_products.py):
+# a BERT-base-sized layer, not a MiniLM's or a 55M LoRA model's, where moving them measured no faster.
+LINEAR_PRODUCT_MIN_DIM = 768
 
 # ORT prints memory-optimizer plans as "<cluster id>:<strategy>:<request count>", e.g.
 # "BiasGelu+:1:-1" (strategy 1 = recompute, 2 = recompute with compromise, count -1 = all).
@@ -219,9 +222,8 @@ class ORTOptions:
     )
     cpu_weight_grad_min_dim: int = _opt(
         WEIGHT_GRAD_MIN_DIM,
-        "CPU: the fewest rows and columns of a weight whose products cpu_weight_grad_swap and "
-        "cpu_linear_product_swap move (smaller products, such as a LoRA factor's, gain nothing) "
-        "(engine/cpu_weight_grad.py).",
+        "CPU: the fewest rows and columns of a weight whose gradient cpu_weight_grad_swap moves "
+        "(smaller products, such as a LoRA factor's, gain nothing) (engine/cpu_weight_grad.py).",
     )
     cpu_linear_product_swap: bool | None = _opt(
         None,
@@ -229,6 +231,11 @@ class ORTOptions:
         "matrix product instead of ORT's MatMul; same products. Default: on Intel CPUs, where it was "
         "measured faster at the layers' shapes, off on the others (an AMD EPYC's were even) "
         "(engine/cpu_linear_products.py).",
+    )
+    cpu_linear_product_min_dim: int = _opt(
+        LINEAR_PRODUCT_MIN_DIM,
+        "CPU: the fewest rows and columns of a weight whose forward product and input gradient "
+        "cpu_linear_product_swap moves (smaller ones measured no faster) (engine/cpu_linear_products.py).",
     )
     cpu_flash_attention: bool = _opt(
         True,
@@ -279,6 +286,7 @@ class ORTOptions:
             "intra_op_threads", self.intra_op_threads, 1, "a positive integer or None (ORT's default: one per core)"
         )
         _check_optional_int("cpu_weight_grad_min_dim", self.cpu_weight_grad_min_dim, 1, "a positive integer")
+        _check_optional_int("cpu_linear_product_min_dim", self.cpu_linear_product_min_dim, 1, "a positive integer")
         _check_optional_int(
             "torch_threads_in_graph",
             self.torch_threads_in_graph,

@@ -72,6 +72,10 @@ EVERY_MODE = {
     # Every linear weight's gradient moves to PyTorch, as a real-sized model's do (the tiny models'
     # weights are below the default bound, engine/cpu_weight_grad.py).
     "ort_cpu_weight_grad_min_dim": 1,
+    # The layers' forward products and input gradients on PyTorch's matmul, on every CPU and at every
+    # size: the default on Intel CPUs for large enough weights (engine/cpu_linear_products.py).
+    "ort_cpu_linear_product_swap": True,
+    "ort_cpu_linear_product_min_dim": 1,
 }
 
 

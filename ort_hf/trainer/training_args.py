@@ -179,6 +179,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_flash_attention: bool = _ort("cpu_flash_attention")
     ort_cpu_weight_grad_min_dim: int = _ort("cpu_weight_grad_min_dim")
     ort_cpu_linear_product_swap: bool | None = _ort("cpu_linear_product_swap")
+    ort_cpu_linear_product_min_dim: int = _ort("cpu_linear_product_min_dim")
     ort_cpu_lm_head_forward_swap: bool | None = _ort("cpu_lm_head_forward_swap")
     ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")
     ort_preflight: str = _ort("preflight")

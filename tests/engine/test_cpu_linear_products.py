@@ -14,11 +14,11 @@ from tiny_models import make_batch
 
 from ort_hf.engine import ORTOptions
 from ort_hf.engine import cpu_linear_products as products
-from ort_hf.engine.options import WEIGHT_GRAD_MIN_DIM
+from ort_hf.engine.options import LINEAR_PRODUCT_MIN_DIM, WEIGHT_GRAD_MIN_DIM
 from ort_hf.engine.swap_switches import wanted_swaps
 from ort_hf.engine.wrap_settings import rewrites_line
 
-OUT, IN = WEIGHT_GRAD_MIN_DIM, WEIGHT_GRAD_MIN_DIM + 8
+OUT, IN = LINEAR_PRODUCT_MIN_DIM, LINEAR_PRODUCT_MIN_DIM + 8
 
 
 def _model(
@@ -101,7 +101,7 @@ def test_the_products_run_on_pytorchs_matmul(aten_nodes_run, grad_op, also_read)
 @pytest.mark.parametrize(
     "kwargs, forward_moves",
     [
-        ({"out": WEIGHT_GRAD_MIN_DIM - 1}, False),  # a LoRA factor's rank: too small a product to gain
+        ({"out": LINEAR_PRODUCT_MIN_DIM - 1}, False),  # a smaller layer's: measured no faster
         ({"dtype": TensorProto.DOUBLE}, False),
         ({"grad_attrs": {"alpha": 0.5}}, True),
         ({"grad_attrs": {"transA": 1}}, True),
@@ -117,6 +117,12 @@ def test_what_it_does_not_take_stays_with_ort(kwargs, forward_moves):
     assert moved == ({products.FORWARD: 1} if forward_moves else {})
     assert grad in model.graph.node  # the gradient node is ORT's, as it was
     assert any(n.op_type == "Transpose" for n in model.graph.node)  # still read by that node
+
+
+def test_a_lower_bound_moves_smaller_weights():
+    model = _model(out=LINEAR_PRODUCT_MIN_DIM - 1)
+    moved = products.swap_linear_products(model.graph, threads=2, min_dim=LINEAR_PRODUCT_MIN_DIM - 1)
+    assert moved == {products.FORWARD: 1, products.INPUT_GRAD: 1}
 
 
 @pytest.mark.parametrize(
@@ -143,7 +149,12 @@ def test_a_tiny_llama_trains_with_them(swap):
 
     generator = torch.Generator().manual_seed(1)
     batches = [make_batch("clm", generator) for _ in range(2)]
-    options = ORTOptions(fallback="disable", log_level="ERROR", cpu_linear_product_swap=swap)
+    options = ORTOptions(
+        fallback="disable",
+        log_level="ERROR",
+        cpu_linear_product_swap=swap,
+        cpu_linear_product_min_dim=WEIGHT_GRAD_MIN_DIM,  # the tiny Llama's width
+    )
     model = _vocab_sized("llama-clm")
     *results, wrapped = run_parity(model, batches, options)
     assert_parity(*results, wrapped, loss_atol=1e-5)
