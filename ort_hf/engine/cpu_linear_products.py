@@ -9,8 +9,19 @@ bench models' layer shapes (``docs/results/kernel-profiles/<cpu>/forward-and-inp
   (LoRA 200M's 512 x 1024 x 1024: 6.2 against 9.4 ms; 2,048 x 3,072 x 768: 39.5 against 63.4) and
   for the forward product at all but one (6.9 against 9.9 ms; 37.0 against 46.3); at the hidden-256
   Llama's 688 x 256 feed-forward weight ORT's forward took 3.2 ms against 5.8.
-- On a 2-core AMD EPYC (AVX2) the two are even or ORT's is faster (8.5 against 8.5 ms at 512 x 1024
-  x 1024; 70.8 against 82.1 at 2,048 x 3,072 x 768): the products stay ORT's there.
+- On a 2-core AMD EPYC (AVX2) ORT's is as fast or faster at every layer shape (8.5 against 8.5 ms
+  at 512 x 1024 x 1024; 70.8 against 82.1 at 2,048 x 3,072 x 768) but one input gradient (2,048 x
+  1,024 x 384: 20.3 against 13.8 ms): the products stay ORT's there.
+
+In training, ``scripts/paired_option_steps.py --workload <w> --option cpu_linear_product_swap`` (one
+process, the option's two sides' ``train()`` calls alternating: this VM's speed drifts too much
+between processes) on the 2-core Intel Xeon, every weight of at least 128 x 128 moved, tree 7700976,
+the median step with them moved against without (raw results: ``docs/results/linear-products/<cpu>/``):
+LoRA 200M (hidden 1,024) 2914 against 3269 ms, LoRA 485M (1,536) 7232 against 8445, BERT-base (768)
+3040 against 3367; MiniLM (384) 1948 against 1964 on MLM and 418 against 432 on SST-2, the
+hidden-256 Llama 1114 against 1079, LoRA 55M (512) 652 against 588. The bench's GPT-2 shape, where
+nothing moves (``Conv1D`` layers, the head in the fused loss), gave 1644 against 1577: the method's
+own spread. Hence the default bound, ``options.LINEAR_PRODUCT_MIN_DIM`` (768).
 
 In ORT's training graph an ``nn.Linear`` weight ``W`` (out x in, a graph input) is read through one
 ``Transpose`` (perm [1, 0]); its forward product is ``MatMul(X, W^T)`` and its input's gradient
@@ -18,9 +29,9 @@ In ORT's training graph an ``nn.Linear`` weight ``W`` (out x in, a graph input) 
 running ``ort_hf::linear_forward`` (``matmul(X, W.t())``, eager's ``linear`` without its bias) or
 ``ort_hf::linear_input_grad`` (``matmul(dY, W)``, ``csrc/cpu_linear_product.cpp``) with PyTorch's
 thread count outside ORT's graph for its duration; the ``Transpose`` goes once nothing else reads it.
-Only a float32 weight of at least ``ORTOptions.cpu_weight_grad_min_dim`` rows and columns (the
-bound the weight's gradient uses: not a LoRA factor), and a ``FusedMatMul`` or ``Gemm`` with
-``alpha`` 1 and no other transposition. Behind ``ORTOptions.cpu_linear_product_swap``.
+Only a float32 weight of at least ``ORTOptions.cpu_linear_product_min_dim`` rows and columns, and
+a ``FusedMatMul`` or ``Gemm`` with ``alpha`` 1 and no other transposition. Behind
+``ORTOptions.cpu_linear_product_swap``.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ SPARSITY_THRESHOLD = 0.9
 # default (cpu_weight_grad.py): a layer's projection, not a LoRA factor of rank below it. The
 # architecture sweep lowers it to 1, so that its tiny models' weights move as real-sized ones would.
 WEIGHT_GRAD_MIN_DIM = 128
-# The same bound for a linear weight's forward product and input gradient (cpu_linear_products.py):
-# a BERT-base-sized layer, not a MiniLM's or a 55M LoRA model's, where moving them measured no faster.
+# The bound for a linear weight's forward product and input gradient (cpu_linear_products.py has
+# the measurements): a BERT-base-sized layer's, not a MiniLM's or a 55M LoRA model's.
 LINEAR_PRODUCT_MIN_DIM = 768
 
 # ORT prints memory-optimizer plans as "<cluster id>:<strategy>:<request count>", e.g.
