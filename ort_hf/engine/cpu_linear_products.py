@@ -31,7 +31,7 @@ running ``ort_hf::linear_forward`` (``matmul(X, W.t())``, eager's ``linear`` wit
 thread count outside ORT's graph for its duration; the ``Transpose`` goes once nothing else reads it.
 Only a float32 weight of at least ``ORTOptions.cpu_linear_product_min_dim`` rows and columns, and
 a ``FusedMatMul`` or ``Gemm`` with ``alpha`` 1 and no other transposition. Behind
-``ORTOptions.cpu_linear_product_swap``.
+``ORTOptions.cpu_linear_product_swap``; not with ORT's recompute on (``swap_switches.wanted_swaps``).
 """
 
 from __future__ import annotations

@@ -35,11 +35,11 @@ def wanted_swaps(options, device_type: str) -> frozenset[str]:
     """The swaps a model trained with ``options`` (``ORTOptions``) on ``device_type`` gets: none off
     the CPU (ORT's CUDA kernels are other ones, and ort_hf's run on CPU only), else the corrections and
     each speed swap whose switch is on. ORT's recompute can redraw its own Dropout (it seeds the
-    node), not an ATen node in its place: with recompute on, the dropout stays ORT's so that its
-    plans keep their savings."""
+    node) and recompute its own MatMul, not an ATen node in their place: with recompute on, the
+    dropout and the layers' forward products stay ORT's so that its plans keep their savings."""
     if device_type != "cpu":
         return frozenset()
     wanted = {name for name, option in SWITCHES.items() if switched_on(options, option)}
     if options.memory_optimizer_on:
-        wanted.discard("dropout")
+        wanted -= {"dropout", "linear_product"}
     return frozenset(wanted) | CORRECTIONS

@@ -135,6 +135,8 @@ def test_by_default_the_products_move_on_intel_cpus_only(monkeypatch, vendor, on
     assert "linear_product" in wanted_swaps(ORTOptions(cpu_linear_product_swap=True), "cpu")
     assert "linear_product" not in wanted_swaps(ORTOptions(cpu_linear_product_swap=False), "cpu")
     assert "linear_product" not in wanted_swaps(ORTOptions(cpu_linear_product_swap=True), "cuda")
+    # ORT's recompute plans recompute its own MatMul, not an ATen node: they keep the products ORT's
+    assert "linear_product" not in wanted_swaps(ORTOptions(cpu_linear_product_swap=True, memory_opt_level=1), "cpu")
     settings = SimpleNamespace(options=ORTOptions(), device_type="cpu", trim_padding=False, eliminate_padding=False)
     _, line = rewrites_line("Model", settings, wanted_swaps(settings.options, "cpu"))
     kernels_on = line.split("ort_hf's CPU kernels on: ")[1].split(";")[0]
