@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from onnx import GraphProto, helper
+
 
 def readers_of(nodes: Iterable) -> dict[str, list]:
     """Each value name -> the nodes (in order) that take it as an input."""
@@ -12,3 +14,13 @@ def readers_of(nodes: Iterable) -> dict[str, list]:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     return readers
+
+
+def set_elem_types(graph: GraphProto, types: dict[str, int]) -> None:
+    """Give ``types``' values their element type in ``graph.value_info``, a declared shape kept (ORT
+    infers no type for an ATen node's outputs). Empties ``types``."""
+    for info in graph.value_info:
+        if info.name in types:
+            info.type.tensor_type.elem_type = types.pop(info.name)
+    graph.value_info.extend(helper.make_tensor_value_info(name, elem_type, None) for name, elem_type in types.items())
+    types.clear()

@@ -71,7 +71,7 @@ import math
 
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
-from .._onnx_graph import readers_of
+from .._onnx_graph import readers_of, set_elem_types
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
 from .cpu_linear_products import FORWARD, INPUT_GRAD, swap_linear_products
 from .cpu_weight_grad import swap_weight_grads
@@ -504,17 +504,8 @@ def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS) -> dict[s
     if swapped:
         del graph.node[:]
         graph.node.extend(ctx.new_nodes + nodes)
-        _set_types(graph, ctx.new_types)
+        set_elem_types(graph, ctx.new_types)
     return swapped
-
-
-def _set_types(graph: GraphProto, types: dict[str, int]) -> None:
-    """Give ``types``' values their element type in ``graph.value_info`` (ORT infers no type for
-    an ATen node's outputs)."""
-    for info in graph.value_info:
-        if info.name in types:
-            info.type.tensor_type.elem_type = types.pop(info.name)
-    graph.value_info.extend(helper.make_tensor_value_info(name, elem_type, None) for name, elem_type in types.items())
 
 
 def _swap_in_training_graph(graph: GraphProto) -> None:

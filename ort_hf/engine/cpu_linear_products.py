@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
 
-from .._onnx_graph import readers_of
+from .._onnx_graph import readers_of, set_elem_types
 from . import cpu_logits_product
 from .cpu_weight_grad import large_enough
 from .options import LINEAR_PRODUCT_MIN_DIM
@@ -52,9 +52,7 @@ TORCH_PRODUCT_VENDORS = frozenset({"GenuineIntel"})
 def linear_products_wanted(asked: bool | None, vendor: str | None = None) -> bool:
     """Whether the layers' forward products and input gradients move: as ``asked``
     (``ORTOptions.cpu_linear_product_swap``), else on the CPUs of :data:`TORCH_PRODUCT_VENDORS` only."""
-    if asked is not None:
-        return asked
-    return (cpu_logits_product.cpu_vendor() if vendor is None else vendor) in TORCH_PRODUCT_VENDORS
+    return cpu_logits_product.as_asked_or_on(asked, TORCH_PRODUCT_VENDORS, vendor)
 
 
 def _transposed_weights(graph: GraphProto, min_dim: int) -> dict[str, str]:
@@ -145,18 +143,5 @@ def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = LINEAR_
     nodes = [threads_node] + [replaced.get(id(node), node) for node in original if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
-    _declare_float(graph, [node.output[0] for node in replaced.values()])
+    set_elem_types(graph, {node.output[0]: TensorProto.FLOAT for node in replaced.values()})
     return moved
-
-
-def _declare_float(graph: GraphProto, names: list[str]) -> None:
-    """Give ``names`` float32 type in ``graph.value_info`` (ORT infers no type for an ATen node's
-    outputs); a declared shape is kept."""
-    wanted = set(names)
-    for info in graph.value_info:
-        if info.name in wanted:
-            info.type.tensor_type.elem_type = TensorProto.FLOAT
-            wanted.discard(info.name)
-    graph.value_info.extend(
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names if name in wanted
-    )

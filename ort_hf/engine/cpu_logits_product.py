@@ -34,6 +34,7 @@ an ``enable_cpu_mem_arena`` set on ORTModule's session options alone would be ig
 from __future__ import annotations
 
 import threading
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ import torch
 ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
 
 
+@cache
 def cpu_vendor() -> str:
     """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), "" where there is none."""
     try:
@@ -57,9 +59,15 @@ def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
     """Whether the head's forward product runs on ORT's MatMul: as ``asked``
     (``ORTOptions.cpu_lm_head_forward_swap``), else on the CPUs of :data:`ORT_PRODUCT_VENDORS` only,
     where it was measured faster (the module docstring); elsewhere on PyTorch's ``mm``, as eager."""
+    return as_asked_or_on(asked, ORT_PRODUCT_VENDORS, vendor)
+
+
+def as_asked_or_on(asked: bool | None, vendors: frozenset[str], vendor: str | None = None) -> bool:
+    """``asked`` where set, else whether the CPU's vendor (``vendor``, default :func:`cpu_vendor`) is
+    one of ``vendors``: the rule of the switches whose default the CPU decides."""
     if asked is not None:
         return asked
-    return (cpu_vendor() if vendor is None else vendor) in ORT_PRODUCT_VENDORS
+    return (cpu_vendor() if vendor is None else vendor) in vendors
 
 
 class LogitsProduct:
