@@ -24,3 +24,14 @@ def set_elem_types(graph: GraphProto, types: dict[str, int]) -> None:
             info.type.tensor_type.elem_type = types.pop(info.name)
     graph.value_info.extend(helper.make_tensor_value_info(name, elem_type, None) for name, elem_type in types.items())
     types.clear()
+
+
+def rebuild_nodes(
+    graph: GraphProto, original: list, replaced: dict[int, object], dropped: set[int], first: list
+) -> None:
+    """Set ``graph``'s nodes to ``first``, then ``original`` (its nodes, held in a list so that their
+    ``id()`` stay theirs) with each node whose id is in ``replaced`` swapped for its replacement and
+    those in ``dropped`` left out."""
+    nodes = first + [replaced.get(id(node), node) for node in original if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)

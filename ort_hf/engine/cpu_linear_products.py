@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
 
-from .._onnx_graph import readers_of, set_elem_types
+from .._onnx_graph import readers_of, rebuild_nodes, set_elem_types
 from . import cpu_logits_product
-from .cpu_weight_grad import large_enough
+from .cpu_weight_grad import large_enough, threads_constant
 from .options import LINEAR_PRODUCT_MIN_DIM
 
 FORWARD = "ort_hf::linear_forward"
@@ -133,15 +133,6 @@ def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = LINEAR_
         and node.output[0] not in outputs
         and not readers.get(node.output[0])
     }
-    threads_node = helper.make_node(
-        "Constant",
-        [],
-        [threads_name],
-        name=threads_name,
-        value=helper.make_tensor(threads_name, TensorProto.INT64, [], [threads]),
-    )
-    nodes = [threads_node] + [replaced.get(id(node), node) for node in original if id(node) not in dropped]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    rebuild_nodes(graph, original, replaced, dropped, first=[threads_constant(threads_name, threads)])
     set_elem_types(graph, {node.output[0]: TensorProto.FLOAT for node in replaced.values()})
     return moved

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from onnx import GraphProto, TensorProto, helper
 
-from .._onnx_graph import readers_of
+from .._onnx_graph import readers_of, rebuild_nodes
 from .options import WEIGHT_GRAD_MIN_DIM
 
 OPERATOR = "ort_hf::weight_grad"
@@ -142,16 +142,12 @@ def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRA
             dropped.add(id(absorbed))
     if not replaced:
         return 0
-    nodes = [
-        helper.make_node(
-            "Constant",
-            [],
-            [threads_name],
-            name=threads_name,
-            value=helper.make_tensor(threads_name, TensorProto.INT64, [], [threads]),
-        )
-    ]
-    nodes += [replaced.get(id(node), node) for node in original if id(node) not in dropped]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    rebuild_nodes(graph, original, replaced, dropped, first=[threads_constant(threads_name, threads)])
     return len(replaced)
+
+
+def threads_constant(name: str, threads: int):
+    """The int64 scalar Constant ``name`` holding the thread count an ort_hf product's ATen node reads."""
+    return helper.make_node(
+        "Constant", [], [name], name=name, value=helper.make_tensor(name, TensorProto.INT64, [], [threads])
+    )
