@@ -55,6 +55,10 @@ MODELS = {  # built in this order from one seed
             tie_word_embeddings=True,
         ),
     ),
+    "gpt2-6x768": (
+        "GPT2Config",
+        dict(vocab_size=50257, n_embd=768, n_layer=6, n_head=12, n_positions=1024),
+    ),  # distilgpt2's
 }
 
 

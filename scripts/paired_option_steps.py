@@ -70,20 +70,25 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4, help="train() calls per side (default 4)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per call (default 5)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model_dir", help="ort-hf bench's --model_dir (a causal LM's folder for --workload clm)")
+    parser.add_argument("--seq_len", type=int, help="instead of the workload's")
+    parser.add_argument("--batch_size", type=int, help="instead of the workload's")
     parser.add_argument("--out", help="write the step times and the summary to this JSON file")
     args = parser.parse_args()
 
-    from kernel_profiles import _bench_model
     from transformers import TrainerCallback
 
     from ort_hf import ORTTrainer, ORTTrainingArguments
     from ort_hf.bench.cpu import cpu_record, describe
-    from ort_hf.bench.spec import WORKLOADS
+    from ort_hf.bench.models import build_model, load_tokenizer
+    from ort_hf.bench.spec import WORKLOADS, BenchSettings
 
     torch.set_num_threads(args.threads)
-    task, model, config = _bench_model(args.workload)
     workload = WORKLOADS[args.workload]
-    rows = _rows(task, workload.seq_len, config.vocab_size, workload.batch_size * args.steps)
+    settings = BenchSettings(model_dir=args.model_dir, seq_len=args.seq_len, batch_size=args.batch_size)
+    model = build_model(workload, settings, load_tokenizer(settings))
+    batch_size = settings.batch_for(workload)
+    rows = _rows(workload.task, settings.seq_for(workload), model.config.vocab_size, batch_size * args.steps)
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -105,7 +110,7 @@ def main() -> None:
     for value in (True, False):
         training_args = ORTTrainingArguments(
             output_dir=f"{out}/{value}",
-            per_device_train_batch_size=workload.batch_size,
+            per_device_train_batch_size=batch_size,
             max_steps=args.steps,
             report_to=[],
             save_strategy="no",
@@ -135,6 +140,9 @@ def main() -> None:
     on, off = sides[True][1].times, sides[False][1].times
     summary = {
         "workload": args.workload,
+        "model_dir": args.model_dir,
+        "seq_len": settings.seq_for(workload),
+        "batch_size": batch_size,
         "option": args.option,
         "cpu": describe(cpu_record()),
         "on_median_ms": statistics.median(on),

@@ -73,7 +73,7 @@ from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from .._onnx_graph import readers_of, set_elem_types
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
-from .cpu_linear_products import FORWARD, INPUT_GRAD, swap_linear_products
+from .cpu_linear_products import swap_linear_products
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
@@ -529,10 +529,7 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
-            for operator, count in swap_linear_products(graph, threads, record.linear_product_min_dim).items():
-                swapped[
-                    {FORWARD: "MatMul (linear forward)", INPUT_GRAD: "MatMul (linear input gradient)"}[operator]
-                ] = count
+            swapped.update(swap_linear_products(graph, threads, record.linear_product_min_dim))
         swapped.update(swap_kernels(graph, record.kernel_swaps))
     record.swapped = swapped
 

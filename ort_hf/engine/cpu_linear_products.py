@@ -29,8 +29,11 @@ In ORT's training graph an ``nn.Linear`` weight ``W`` (out x in, a graph input) 
 running ``ort_hf::linear_forward`` (``matmul(X, W.t())``, eager's ``linear`` without its bias) or
 ``ort_hf::linear_input_grad`` (``matmul(dY, W)``, ``csrc/cpu_linear_product.cpp``) with PyTorch's
 thread count outside ORT's graph for its duration; the ``Transpose`` goes once nothing else reads it.
+A ``Conv1D`` weight (GPT-2's layers, in x out, read as it is) gives ``Gemm(X, W, b)`` forward and
+``Gemm(dY, W, transB=1)`` (``FusedMatMul`` for more than 2-D) for its input's gradient: ``ort_hf::conv1d_forward`` (``addmm(b, X,
+W)``, as ``Conv1D.forward`` calls it) and ``ort_hf::conv1d_input_grad`` (``matmul(dY, W.t())``).
 Only a float32 weight of at least ``ORTOptions.cpu_linear_product_min_dim`` rows and columns, and
-a ``FusedMatMul`` or ``Gemm`` with ``alpha`` 1 and no other transposition. Behind
+a ``FusedMatMul`` or ``Gemm`` with ``alpha`` and ``beta`` 1 and no other transposition. Behind
 ``ORTOptions.cpu_linear_product_swap``; not with ORT's recompute on (``swap_switches.wanted_swaps``).
 """
 
@@ -45,6 +48,15 @@ from .options import LINEAR_PRODUCT_MIN_DIM
 
 FORWARD = "ort_hf::linear_forward"
 INPUT_GRAD = "ort_hf::linear_input_grad"
+CONV1D_FORWARD = "ort_hf::conv1d_forward"
+CONV1D_INPUT_GRAD = "ort_hf::conv1d_input_grad"
+# operator -> its name among the swapped kernels (the first step's log line, the sweep's tables)
+KEYS = {
+    FORWARD: "MatMul (linear forward)",
+    INPUT_GRAD: "MatMul (linear input gradient)",
+    CONV1D_FORWARD: "Gemm (Conv1D forward)",
+    CONV1D_INPUT_GRAD: "MatMul (Conv1D input gradient)",
+}
 # /proc/cpuinfo's vendor_id of the CPUs where PyTorch's products were measured faster (the docstring)
 TORCH_PRODUCT_VENDORS = frozenset({"GenuineIntel"})
 
@@ -55,9 +67,8 @@ def linear_products_wanted(asked: bool | None, vendor: str | None = None) -> boo
     return cpu_logits_product.as_asked_or_on(asked, TORCH_PRODUCT_VENDORS, vendor)
 
 
-def _transposed_weights(graph: GraphProto, min_dim: int) -> dict[str, str]:
-    """``Transpose`` output -> the large enough float32 2-D weight (a graph input or initializer) it
-    transposes with perm [1, 0]."""
+def _weights(graph: GraphProto, min_dim: int) -> set[str]:
+    """The large enough float32 2-D weights (graph inputs or initializers)."""
     weights = {
         v.name
         for v in graph.input
@@ -65,11 +76,15 @@ def _transposed_weights(graph: GraphProto, min_dim: int) -> dict[str, str]:
         and len(dims := [d.dim_value for d in v.type.tensor_type.shape.dim]) == 2
         and large_enough(*dims, min_dim)
     }
-    weights |= {
+    return weights | {
         t.name
         for t in graph.initializer
         if t.data_type == TensorProto.FLOAT and len(t.dims) == 2 and large_enough(*t.dims, min_dim)
     }
+
+
+def _transposed(graph: GraphProto, weights: set[str]) -> dict[str, str]:
+    """``Transpose`` output -> the weight it transposes with perm [1, 0]."""
     return {
         node.output[0]: node.input[0]
         for node in graph.node
@@ -80,47 +95,56 @@ def _transposed_weights(graph: GraphProto, min_dim: int) -> dict[str, str]:
     }
 
 
-def _product(node, transposed: dict[str, str]) -> tuple[str, str, str] | None:
-    """``(operator, activation, weight)`` where ``node`` is a forward product or an input gradient
-    of a transposed weight, else None."""
-    if len(node.input) != 2 or node.input[1] not in transposed or node.input[0] in transposed:
+def _product(node, transposed: dict[str, str], weights: set[str]) -> tuple[str, list[str]] | None:
+    """``(operator, inputs)`` where ``node`` is one of the module docstring's products, else None."""
+    if len(node.input) < 2 or node.input[0] in transposed or node.input[0] in weights:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
-        return FORWARD, node.input[0], transposed[node.input[1]]
-    plain = float(attrs.get("alpha", 1.0)) == 1.0 and attrs.get("transA", 0) == 0 and attrs.get("transB", 0) == 1
-    if node.op_type == "FusedMatMul" and node.domain == "com.microsoft":
-        plain = plain and attrs.get("transBatchA", 0) == 0 and attrs.get("transBatchB", 0) == 0
-    elif node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
-        return None
-    return (INPUT_GRAD, node.input[0], transposed[node.input[1]]) if plain else None
+    alpha_one = float(attrs.get("alpha", 1.0)) == 1.0 and attrs.get("transA", 0) == 0
+    gemm = node.op_type == "Gemm" and node.domain in ("", "ai.onnx")
+    fused = node.op_type == "FusedMatMul" and node.domain == "com.microsoft"
+    if fused:
+        alpha_one = alpha_one and attrs.get("transBatchA", 0) == 0 and attrs.get("transBatchB", 0) == 0
+    if node.input[1] in transposed and len(node.input) == 2:  # nn.Linear's
+        weight = transposed[node.input[1]]
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+            return FORWARD, [node.input[0], weight]
+        if (gemm or fused) and alpha_one and attrs.get("transB", 0) == 1:
+            return INPUT_GRAD, [node.input[0], weight]
+    elif node.input[1] in weights and alpha_one:  # Conv1D's (in x out, read as it is)
+        if gemm and len(node.input) == 3 and float(attrs.get("beta", 1.0)) == 1.0 and attrs.get("transB", 0) == 0:
+            return CONV1D_FORWARD, list(node.input)
+        if (gemm or fused) and len(node.input) == 2 and attrs.get("transB", 0) == 1:
+            return CONV1D_INPUT_GRAD, list(node.input)
+    return None
 
 
 def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = LINEAR_PRODUCT_MIN_DIM) -> dict[str, int]:
     """Rewrite ``graph`` in place (see the module docstring); returns how many products moved, by
-    operator. ``threads``: PyTorch's thread count for the products; ``min_dim``: ``large_enough``'s."""
-    transposed = _transposed_weights(graph, min_dim)
-    if not transposed:
+    :data:`KEYS`' name. ``threads``: PyTorch's thread count for the products; ``min_dim``: ``large_enough``'s."""
+    weights = _weights(graph, min_dim)
+    if not weights:
         return {}
+    transposed = _transposed(graph, weights)
     original = list(graph.node)  # held: a node's id() stays its own while the list lives
     replaced: dict[int, object] = {}
     moved: dict[str, int] = {}
     threads_name = f"ort_hf/linear_product_threads_{threads}"
     for node in original:
-        found = _product(node, transposed)
+        found = _product(node, transposed, weights)
         if found is None:
             continue
-        operator, activation, weight = found
+        operator, inputs = found
         replaced[id(node)] = helper.make_node(
             "ATen",
-            [activation, weight, threads_name],
+            [*inputs, threads_name],
             [node.output[0]],
             name=f"{node.name or node.output[0]}/{operator.replace('::', '_')}",
             domain="org.pytorch.aten",
             operator=operator,
             overload_name="",
         )
-        moved[operator] = moved.get(operator, 0) + 1
+        moved[KEYS[operator]] = moved.get(KEYS[operator], 0) + 1
     if not replaced:
         return {}
     outputs = {out.name for out in graph.output}
