@@ -250,14 +250,15 @@ def eager_summary(averages, top: int = 25) -> str:
 
 def summary(profile: Path, top: int = 25) -> str:
     """ORT's node time by op type, largest first; ATen nodes by the kernel they call (the last part
-    of their name: ``cpu_kernel_swaps`` names each after its kernel; ``ATen`` alone for the others)."""
+    of their name: ``cpu_kernel_swaps`` names each after its kernel, ``ort_hf_...`` for ort_hf's own;
+    ``ATen`` alone for the others)."""
     events = json.loads(profile.read_text())
     by_op, calls = collections.Counter(), collections.Counter()
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"].get("op_name")
             kernel = event["name"].removesuffix("_kernel_time").rsplit("/", 1)[-1]
-            if op == "ATen" and kernel in SWAP_KERNELS:
+            if op == "ATen" and (kernel in SWAP_KERNELS or kernel.startswith("ort_hf_")):
                 op = f"ATen:{kernel}"
             by_op[op] += event["dur"]
             calls[op] += 1

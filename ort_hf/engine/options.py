@@ -227,8 +227,8 @@ class ORTOptions:
     )
     cpu_linear_product_swap: bool | None = _opt(
         None,
-        "CPU: compute the linear layers' forward products and their inputs' gradients with PyTorch's "
-        "matrix product instead of ORT's MatMul; same products. Default: on Intel CPUs, where it was "
+        "CPU: compute the linear layers' (nn.Linear's, GPT-2's Conv1D's) forward products and their inputs' "
+        "gradients with PyTorch's matrix product instead of ORT's MatMul and Gemm; same products. Default: on Intel CPUs, where it was "
         "measured faster at the layers' shapes, off on the others (an AMD EPYC's were even) "
         "(engine/cpu_linear_products.py).",
     )
