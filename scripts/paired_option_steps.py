@@ -3,13 +3,17 @@
 Separate processes on a shared VM drift by tens of percent between invocations (eager's MLM step
 2,220 to 2,700 ms within one ``ort-hf bench``); this compares within one process instead. Two
 ORTTrainers (the option ``True`` and ``False``) train copies of ``ort-hf bench``'s model of a
-workload; their ``train()`` calls alternate (on, off, off, on, ...), each call ``--steps`` optimizer
-steps; every step but each call's first (the first call's export and session build, then the
-data loader's start) is timed. The batches are random token ids of the workload's shape (timing does
-not depend on the values): 15% of positions labelled for ``mlm``, the second half for ``lora``, every
-position for ``clm``, and rows of 8 to half the workload's length (SST-2's sentences are short), padded to the batch's longest, for ``cls``.
+workload (``--model_dir``, ``--seq_len``, ``--batch_size`` as the bench takes them); their
+``train()`` calls alternate (on, off, off, on, ...), each call ``--steps`` optimizer steps; every
+step but each call's first (the first call's export and session build, then the data loader's
+start) is timed. The batches are random token ids of the workload's shape (timing does not depend
+on the values): 15% of positions labelled for ``mlm``, the second half for ``lora``, every position
+for ``clm``, and rows of 8 to half the workload's length (SST-2's sentences are short), padded to
+the batch's longest, for ``cls``.
 
     python scripts/paired_option_steps.py --workload lora-200m --option cpu_linear_product_swap --out FILE.json
+    python scripts/paired_option_steps.py --workload clm --model_dir /tmp/heldout/gpt2-6x768 --seq_len 256 \
+        --batch_size 4 --option cpu_linear_product_swap   # scripts/heldout_models.py's
 """
 
 from __future__ import annotations
