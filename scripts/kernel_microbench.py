@@ -33,7 +33,11 @@ def _session(op_type: str, inputs: dict[str, list[int]], outputs: list[str], typ
     graph = helper.make_graph(
         [node],
         "g",
-        [helper.make_tensor_value_info(name, (types or {}).get(name, F), shape) for name, shape in inputs.items()],
+        [  # "": an optional input left out
+            helper.make_tensor_value_info(name, (types or {}).get(name, F), shape)
+            for name, shape in inputs.items()
+            if name
+        ],
         [helper.make_tensor_value_info(name, F, None) for name in outputs],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
@@ -120,6 +124,26 @@ def _cases(rng):
             ),
             {"dy": dy, "shape": np.array(x_shape, np.int64), "idx": idx},
             lambda t_dy=t_dy, t_idx=t_idx, s=x_shape: torch.zeros(s).scatter_add_(-1, t_idx, t_dy),
+        )
+    # cross-entropy's gradient over the labelled rows (MLM's after label sparsity) and over every
+    # position (a causal LM's loss in the graph); ort_hf's kernel takes PyTorch's 2 threads itself
+    for rows, classes in [(331, 30522), (1024, 32000)]:
+        scores = torch.randn(rows, classes, generator=torch.Generator().manual_seed(0))
+        log_prob, labels = torch.log_softmax(scores, -1), torch.tensor(rng.integers(0, classes, rows))
+        dy, ignore = torch.tensor(1.0), torch.tensor(-100)
+        yield (
+            "SoftmaxCrossEntropyLossInternalGrad",
+            "ort_hf::softmax_cross_entropy_grad",
+            [rows, classes],
+            _session(
+                "SoftmaxCrossEntropyLossInternalGrad",
+                {"dy": [], "log_prob": [rows, classes], "labels": [rows], "": [], "ignore": []},
+                ["d_scores"],
+                types={"labels": TensorProto.INT64, "ignore": TensorProto.INT64},
+                reduction="mean",
+            ),
+            {"dy": dy.numpy(), "log_prob": log_prob.numpy(), "labels": labels.numpy(), "ignore": ignore.numpy()},
+            lambda a=(dy, log_prob, labels): torch.ops.ort_hf.softmax_cross_entropy_grad(*a, None, -100, 1, 2),
         )
     # SiLU's gradient (QuickGeluGrad, alpha 1) checked and left with ORT; ReLU's swapped
     for shape in [(2048, 688), (2048, 1024)]:

@@ -11,8 +11,15 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   serially: on the MLM benchmark (331 labelled rows x 30,522 classes) the costliest node of ORT's
   per-node profile (``--ort_profile_dir``). ONNX ``LogSoftmax`` (MLAS: vectorised, over the
   intra-op threads) then ``NegativeLogLikelihoodLoss`` give its two outputs: the log-probabilities its gradient
-  node (left as it is) reads, and the loss, with the same reduction, class weights and ignored
+  node reads, and the loss, with the same reduction, class weights and ignored
   label. Only float32 scores and loss, and a constant label to ignore.
+- Its gradient, ``SoftmaxCrossEntropyLossInternalGrad``, is one serial loop too, a ``std::exp`` an
+  element: 77 ms at those 331 x 30,522, 248 ms at 1,024 x 32,000, against 5.4 and 19.3 ms for
+  ort_hf's ``softmax_cross_entropy_grad`` (``csrc/cpu_cross_entropy_grad.cpp``: the same values, the
+  exponential vectorised, on PyTorch's threads, into a kept buffer), fastest of 60 calls on the
+  2-core Intel Xeon (``scripts/kernel_microbench.py``;
+  ``docs/results/kernel-profiles/intel-xeon-avx512-2cpu/microbench.json``). Same switch, same
+  conditions, and 2-D or (N, C, d...) scores.
 - ``BiasGeluGrad_dX`` (the gradient of BERT-style feed-forward GELU, exact erf form) is a slower
   loop than PyTorch's vectorised ``gelu_backward``; it becomes ONNX ``Add`` (X + B) then an ORT
   ``ATen`` node calling ``aten::gelu_backward`` (``approximate`` left at its default, 'none'). Only
@@ -109,7 +116,8 @@ def _int_constant(constants: dict, name: str) -> int | None:
 class _Context:
     """What the per-node swaps read from the whole graph, and what they add to it."""
 
-    def __init__(self, graph: GraphProto, swaps: frozenset[str]):
+    def __init__(self, graph: GraphProto, swaps: frozenset[str], threads: int):
+        self.threads = threads  # PyTorch's count outside ORT's graph, for the kernels that take one
         self.constants = _scalar_constants(graph)
         self.types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
         # Dropout's output 0 -> (mask, ratio); none when the model is not to use our kernels.
@@ -122,6 +130,7 @@ class _Context:
         self.own_rms_norm_grad = "norm_grad" in swaps and _own_kernel("rms_norm_backward")
         self.own_softmax_grad = "softmax_grad" in swaps and _own_kernel("softmax_backward")
         self.own_relu_grad = "relu_grad" in swaps and _own_kernel("relu_backward")
+        self.own_cross_entropy_grad = "cross_entropy" in swaps and _own_kernel("softmax_cross_entropy_grad")
         self.new_nodes: list = []  # constants the swapped nodes read
         self.new_types: dict[str, int] = {}  # output types ORT cannot infer for ATen nodes
         self._ratio_names: dict[float, str] = {}
@@ -209,6 +218,45 @@ def _cross_entropy(node, attrs: dict, ctx: _Context) -> list | None:
             name=f"{_name(node)}/NegativeLogLikelihoodLoss",
             **nll_attrs,
         ),
+    ]
+
+
+_REDUCTIONS = {b"none": 0, b"mean": 1, b"sum": 2}  # at::Reduction's values
+
+
+def _cross_entropy_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    inputs = list(node.input) + [""] * (5 - len(node.input))
+    dy, log_prob, labels, weight, ignore = inputs[:5]
+    reduction = _REDUCTIONS.get(attrs.get("reduction", b"mean"))
+    if (
+        not ctx.own_cross_entropy_grad
+        or len(node.input) > 5
+        or reduction is None
+        or ctx.types.get(dy) != TensorProto.FLOAT
+        or attrs.get("output_type", TensorProto.FLOAT) != TensorProto.FLOAT
+        or not ignore  # without it, ORT's kernel falls back on an attribute's default: leave that to it
+        or _int_constant(ctx.constants, ignore) is None
+    ):
+        return None
+    ctx.new_types[node.output[0]] = TensorProto.FLOAT
+    return [
+        helper.make_node(
+            "ATen",
+            [
+                dy,
+                log_prob,
+                labels,
+                weight,
+                ctx.int64_scalar(_int_constant(ctx.constants, ignore)),
+                ctx.int64_scalar(reduction),
+                ctx.int64_scalar(ctx.threads),
+            ],
+            [node.output[0]],
+            name=f"{_name(node)}/ort_hf_softmax_cross_entropy_grad",
+            domain=_ATEN,
+            operator="ort_hf::softmax_cross_entropy_grad",
+            overload_name="",
+        )
     ]
 
 
@@ -465,6 +513,7 @@ def _gemm(node, attrs: dict, ctx: _Context) -> list | None:
 # (op type, domain) -> (the swap's name, its rewrite); which run for a model: swap_switches.py.
 _SWAPS = {
     ("SoftmaxCrossEntropyLossInternal", _MS): ("cross_entropy", _cross_entropy),
+    ("SoftmaxCrossEntropyLossInternalGrad", _MS): ("cross_entropy", _cross_entropy_grad),
     ("BiasGeluGrad_dX", _MS): ("gelu_grad", _bias_gelu_grad),
     ("FastGeluGrad", _MS): ("gelu_grad", _fast_gelu_grad),
     ("BiasFastGeluGrad_dX", _MS): ("gelu_grad", _fast_gelu_grad),
@@ -482,13 +531,13 @@ _SWAPS = {
 }
 
 
-def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS) -> dict[str, int]:
+def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS, threads: int = 1) -> dict[str, int]:
     """Rewrite ``graph`` in place with the swaps named in ``swaps``; returns how many nodes of each
-    type were swapped. The graph's opset is ORT's training opset (14 to 20 in ort_hf,
+    type were swapped. ``threads``: PyTorch's thread count for the kernels that take one. The graph's opset is ORT's training opset (14 to 20 in ort_hf,
     ``ORTOptions.opset_version``), where the ONNX ops have today's form."""
     if not any(_SWAPS.get((node.op_type, node.domain), ("",))[0] in swaps for node in graph.node):
         return {}
-    ctx = _Context(graph, swaps)
+    ctx = _Context(graph, swaps, threads)
     swapped: dict[str, int] = {}
     nodes = []
     for node in graph.node:
@@ -530,15 +579,20 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
                 swapped["Gemm (weight gradient)"] = moved
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
             swapped.update(swap_linear_products(graph, threads, record.linear_product_min_dim))
-        swapped.update(swap_kernels(graph, record.kernel_swaps))
+        swapped.update(swap_kernels(graph, record.kernel_swaps, threads))
     record.swapped = swapped
 
 
 def release_kernel_buffers() -> None:
-    """Drop the buffers ort_hf's embedding- and softmax-gradient kernels keep for reuse (a model is gone)."""
+    """Drop the buffers ort_hf's embedding-, softmax- and cross-entropy-gradient kernels keep for reuse
+    (a model is gone)."""
     import torch
 
-    for release in ("release_embedding_grad_buffers", "release_softmax_grad_buffers"):
+    for release in (
+        "release_embedding_grad_buffers",
+        "release_softmax_grad_buffers",
+        "release_cross_entropy_grad_buffers",
+    ):
         if _own_kernel(release):
             getattr(torch.ops.ort_hf, release)()
 

@@ -255,7 +255,8 @@ class ORTOptions:
         True,
         "CPU: compute the in-graph cross-entropy as ONNX LogSoftmax then "
         "NegativeLogLikelihoodLoss (threaded) instead of ORT's serial "
-        "SoftmaxCrossEntropyLossInternal; same loss (engine/cpu_kernel_swaps.py).",
+        "SoftmaxCrossEntropyLossInternal, and its gradient with ort_hf's vectorised kernel instead of "
+        "ORT's serial one; same loss and gradient (engine/cpu_kernel_swaps.py).",
     )
     preflight: str = _opt(
         "auto",

@@ -1,6 +1,7 @@
 """engine/cpu_kernel_swaps.py: ORT's cross-entropy node and its LogSoftmax + NLL replacement give
 the same loss and log-probabilities in an ORT session, for each reduction, with class weights
-and an ignored label; what it cannot translate exactly stays. A grouped 1-D ConvGrad runs as the
+and an ignored label; its gradient node runs as ort_hf's kernel with ORT's values, for 2-D and
+3-D scores too; what either cannot translate exactly stays. A grouped 1-D ConvGrad runs as the
 2-D one with torch's gradients; the ConvGrads ORT gets right stay, a grouped 3-D one is refused.
 ORT's Gemm becomes FusedMatMul, which sums over no rows."""
 
@@ -83,6 +84,78 @@ def test_scores_of_another_precision_stay_with_ort():
     model = _model("mean", False)
     model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
     assert swap_kernels(model.graph) == {}
+
+
+def _cross_entropy_grad_model(reduction: str, weights: bool, extra: int = 0, ignore: str = "constant"):
+    """ORT's SoftmaxCrossEntropyLossInternalGrad(dY, log_prob, labels, weight, ignore) = d_scores;
+    ``extra``: a trailing axis of that length ((N, C, extra) scores, (N, extra) labels); ``ignore``:
+    "constant", "input" (a graph input) or "none" (no such input)."""
+    lead = [N] + ([extra] if extra else [])
+    scores_shape = [N, C] + ([extra] if extra else [])
+    inputs = [
+        helper.make_tensor_value_info("dy", TensorProto.FLOAT, lead if reduction == "none" else []),
+        helper.make_tensor_value_info("log_prob", TensorProto.FLOAT, scores_shape),
+        helper.make_tensor_value_info("labels", TensorProto.INT64, lead),
+    ]
+    inits = [helper.make_tensor("weight", TensorProto.FLOAT, [C], np.linspace(0.5, 2.0, C).tolist())]
+    if ignore == "input":
+        inputs.append(helper.make_tensor_value_info("ignore", TensorProto.INT64, []))
+    elif ignore == "constant":
+        inits.append(helper.make_tensor("ignore", TensorProto.INT64, [], [-100]))
+    node = helper.make_node(
+        "SoftmaxCrossEntropyLossInternalGrad",
+        ["dy", "log_prob", "labels", "weight" if weights else "", "ignore" if ignore != "none" else ""],
+        ["d_scores"],
+        domain="com.microsoft",
+        name="sce_grad",
+        reduction=reduction,
+        output_type=TensorProto.FLOAT,
+    )
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_tensor_value_info("d_scores", TensorProto.FLOAT, scores_shape)], inits
+    )
+    opsets = [
+        helper.make_opsetid("", 16),
+        helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid("org.pytorch.aten", 1),
+    ]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("extra", [0, 3], ids=["rows", "rows-by-positions"])
+def test_cross_entropy_gradient_runs_on_pytorchs_kernel_with_ort_values(aten_nodes_run, reduction, weights, extra):
+    rng = np.random.default_rng(0)
+    scores = torch.from_numpy(rng.standard_normal([N, C] + ([extra] if extra else [])) * 3)
+    lead = [N] + ([extra] if extra else [])
+    feeds = {
+        "dy": rng.standard_normal(lead if reduction == "none" else []).astype(np.float32),
+        "log_prob": torch.log_softmax(scores, dim=1).float().numpy(),
+        "labels": rng.integers(0, C, lead).astype(np.int64),
+    }
+    feeds["labels"][::4] = -100
+    model = _cross_entropy_grad_model(reduction, weights, extra)
+    (expected,) = _run(model, feeds)
+    assert swap_kernels(model.graph, threads=2) == {"SoftmaxCrossEntropyLossInternalGrad": 1}
+    assert sorted({n.op_type for n in model.graph.node}) == ["ATen", "Constant"]  # its int arguments
+    (got,) = _run(model, feeds)
+    assert got.shape == expected.shape
+    assert (got[::4] == 0).all()  # the ignored rows
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "change", ["ignore-input", "no-ignore", "float16"], ids=["ignore-not-constant", "no-ignore", "float16"]
+)
+def test_cross_entropy_gradients_it_cannot_take_stay_with_ort(aten_nodes_run, change):
+    model = _cross_entropy_grad_model(
+        "mean", False, ignore={"ignore-input": "input", "no-ignore": "none"}.get(change, "constant")
+    )
+    if change == "float16":
+        model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    assert swap_kernels(model.graph) == {}
+    assert [n.op_type for n in model.graph.node] == ["SoftmaxCrossEntropyLossInternalGrad"]
 
 
 def _gelu_grad_model(op_type: str, dtype=TensorProto.FLOAT):
