@@ -18,8 +18,8 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   ort_hf's ``softmax_cross_entropy_grad`` (``csrc/cpu_cross_entropy_grad.cpp``: the same values, the
   exponential vectorised, on PyTorch's threads, into a kept buffer), fastest of 60 calls on the
   2-core Intel Xeon (``scripts/kernel_microbench.py``;
-  ``docs/results/kernel-profiles/intel-xeon-avx512-2cpu/microbench.json``). Same switch, same
-  conditions, and 2-D or (N, C, d...) scores.
+  ``docs/results/kernel-profiles/intel-xeon-avx512-2cpu/microbench.json``). Under the same switch,
+  for float32 and a constant label to ignore, as above; 2-D or (N, C, d...) scores.
 - ``BiasGeluGrad_dX`` (the gradient of BERT-style feed-forward GELU, exact erf form) is a slower
   loop than PyTorch's vectorised ``gelu_backward``; it becomes ONNX ``Add`` (X + B) then an ORT
   ``ATen`` node calling ``aten::gelu_backward`` (``approximate`` left at its default, 'none'). Only
@@ -533,8 +533,9 @@ _SWAPS = {
 
 def swap_kernels(graph: GraphProto, swaps: frozenset[str] = ALL_SWAPS, threads: int = 1) -> dict[str, int]:
     """Rewrite ``graph`` in place with the swaps named in ``swaps``; returns how many nodes of each
-    type were swapped. ``threads``: PyTorch's thread count for the kernels that take one. The graph's opset is ORT's training opset (14 to 20 in ort_hf,
-    ``ORTOptions.opset_version``), where the ONNX ops have today's form."""
+    type were swapped. ``threads``: PyTorch's thread count for the kernels that take one. The graph's
+    opset is ORT's training opset (14 to 20 in ort_hf, ``ORTOptions.opset_version``), where the ONNX
+    ops have today's form."""
     if not any(_SWAPS.get((node.op_type, node.domain), ("",))[0] in swaps for node in graph.node):
         return {}
     ctx = _Context(graph, swaps, threads)

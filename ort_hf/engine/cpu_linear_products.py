@@ -32,8 +32,9 @@ running ``ort_hf::linear_forward`` (``matmul(X, W.t())``, eager's ``linear`` wit
 ``ort_hf::linear_input_grad`` (``matmul(dY, W)``, ``csrc/cpu_linear_product.cpp``) with PyTorch's
 thread count outside ORT's graph for its duration; the ``Transpose`` goes once nothing else reads it.
 A ``Conv1D`` weight (GPT-2's layers, in x out, read as it is) gives ``Gemm(X, W, b)`` forward and
-``Gemm(dY, W, transB=1)`` (``FusedMatMul`` for more than 2-D) for its input's gradient: ``ort_hf::conv1d_forward`` (``addmm(b, X,
-W)``, as ``Conv1D.forward`` calls it) and ``ort_hf::conv1d_input_grad`` (``matmul(dY, W.t())``).
+``Gemm(dY, W, transB=1)`` (``FusedMatMul`` for more than 2-D) for its input's gradient:
+``ort_hf::conv1d_forward`` (``addmm(b, X, W)``, as ``Conv1D.forward`` calls it) and
+``ort_hf::conv1d_input_grad`` (``matmul(dY, W.t())``).
 Only a float32 weight of at least ``ORTOptions.cpu_linear_product_min_dim`` rows and columns, and
 a ``FusedMatMul`` or ``Gemm`` with ``alpha`` and ``beta`` 1 and no other transposition. Behind
 ``ORTOptions.cpu_linear_product_swap``; not with ORT's recompute on (``swap_switches.wanted_swaps``).
@@ -102,18 +103,18 @@ def _product(node, transposed: dict[str, str], weights: set[str]) -> tuple[str, 
     if len(node.input) < 2 or node.input[0] in transposed or node.input[0] in weights:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    alpha_one = float(attrs.get("alpha", 1.0)) == 1.0 and attrs.get("transA", 0) == 0
+    plain = float(attrs.get("alpha", 1.0)) == 1.0 and attrs.get("transA", 0) == 0
     gemm = node.op_type == "Gemm" and node.domain in ("", "ai.onnx")
     fused = node.op_type == "FusedMatMul" and node.domain == "com.microsoft"
     if fused:
-        alpha_one = alpha_one and attrs.get("transBatchA", 0) == 0 and attrs.get("transBatchB", 0) == 0
+        plain = plain and attrs.get("transBatchA", 0) == 0 and attrs.get("transBatchB", 0) == 0
     if node.input[1] in transposed and len(node.input) == 2:  # nn.Linear's
         weight = transposed[node.input[1]]
         if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
             return FORWARD, [node.input[0], weight]
-        if (gemm or fused) and alpha_one and attrs.get("transB", 0) == 1:
+        if (gemm or fused) and plain and attrs.get("transB", 0) == 1:
             return INPUT_GRAD, [node.input[0], weight]
-    elif node.input[1] in weights and alpha_one:  # Conv1D's (in x out, read as it is)
+    elif node.input[1] in weights and plain:  # Conv1D's (in x out, read as it is)
         if gemm and len(node.input) == 3 and float(attrs.get("beta", 1.0)) == 1.0 and attrs.get("transB", 0) == 0:
             return CONV1D_FORWARD, list(node.input)
         if (gemm or fused) and len(node.input) == 2 and attrs.get("transB", 0) == 1:
@@ -123,7 +124,8 @@ def _product(node, transposed: dict[str, str], weights: set[str]) -> tuple[str, 
 
 def swap_linear_products(graph: GraphProto, threads: int, min_dim: int = LINEAR_PRODUCT_MIN_DIM) -> dict[str, int]:
     """Rewrite ``graph`` in place (see the module docstring); returns how many products moved, by
-    :data:`KEYS`' name. ``threads``: PyTorch's thread count for the products; ``min_dim``: ``large_enough``'s."""
+    :data:`KEYS`' name. ``threads``: PyTorch's thread count for the products; ``min_dim``:
+    ``large_enough``'s."""
     weights = _weights(graph, min_dim)
     if not weights:
         return {}
