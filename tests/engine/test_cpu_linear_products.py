@@ -20,6 +20,11 @@ from ort_hf.engine.swap_switches import wanted_swaps
 from ort_hf.engine.wrap_settings import rewrites_line
 
 OUT, IN = LINEAR_PRODUCT_MIN_DIM, LINEAR_PRODUCT_MIN_DIM + 8
+OPSETS = [
+    helper.make_opsetid("", 17),
+    helper.make_opsetid("com.microsoft", 1),
+    helper.make_opsetid("org.pytorch.aten", 1),
+]
 
 
 def _model(
@@ -57,12 +62,7 @@ def _model(
         ],
         outputs,
     )
-    opsets = [
-        helper.make_opsetid("", 17),
-        helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid("org.pytorch.aten", 1),
-    ]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    return helper.make_model(graph, opset_imports=OPSETS, ir_version=8)
 
 
 def _conv1d_model(grad_op: str = "Gemm", forward_attrs: dict | None = None, grad_attrs: dict | None = None):
@@ -94,12 +94,7 @@ def _conv1d_model(grad_op: str = "Gemm", forward_attrs: dict | None = None, grad
             helper.make_tensor_value_info("dx", TensorProto.FLOAT, None),
         ],
     )
-    opsets = [
-        helper.make_opsetid("", 17),
-        helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid("org.pytorch.aten", 1),
-    ]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    return helper.make_model(graph, opset_imports=OPSETS, ir_version=8)
 
 
 def _keys(*operators: str) -> dict[str, int]:
