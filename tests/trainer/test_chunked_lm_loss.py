@@ -56,6 +56,15 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     assert bool(ort_product._sessions) == (product == "ort" and not with_bias)  # its session ran the chunks
 
 
+def test_a_second_backward_raises_instead_of_reading_gradients_scaled_in_place():
+    hidden = torch.randn(5, 4, requires_grad=True)
+    weight = torch.randn(7, 4, requires_grad=True)
+    loss = chunked_linear_cross_entropy(hidden, weight, None, torch.randint(0, 7, (5,)), -100) * 0.5
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("family", ["gpt2-clm", "llama-clm"])
 def test_in_ort_the_loss_and_gradients_are_the_models_own(small_chunks, family):
     """GPT-2 (tied embeddings, Conv1D, gelu_new) and Llama (SwiGLU, untied head); -100 on padding."""
