@@ -209,10 +209,10 @@ class ORTOptions:
         "shown faster in training (engine/cpu_grad_swaps.py).",
     )
     cpu_relu_grad_swap: bool = _opt(
-        False,
+        True,
         "CPU: run ORT's ReLU gradient (ReluGrad: T5's and OPT's feed-forward) on PyTorch's "
-        "vectorised threshold_backward; exact, less CPU time alone, off by default until it is "
-        "shown faster in training (engine/cpu_grad_swaps.py).",
+        "vectorised threshold_backward, as eager's ReLU gradient; ORT's values wherever the "
+        "activation is a number, and faster steps (engine/cpu_grad_swaps.py).",
     )
     cpu_weight_grad_swap: bool = _opt(
         True,

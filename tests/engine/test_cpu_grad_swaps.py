@@ -134,6 +134,19 @@ def test_relu_gradient_swapped_gives_orts_values(aten_nodes_run):
     np.testing.assert_array_equal(expected, np.where(feeds["x"] > 0, feeds["dy"], 0))
 
 
+def test_relu_gradient_at_a_nan_activation_passes_the_gradient_as_eager_does(aten_nodes_run):
+    """ORT's kernel gives 0 there; the swap (on by default) gives what eager PyTorch's ReLU does."""
+    before = torch.tensor([float("nan"), -1.0, 0.0, 1.0], requires_grad=True)
+    dy = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    after = torch.relu(before)
+    after.backward(dy)
+    feeds = {"dy": dy.numpy()[None], "x": after.detach().numpy()[None]}
+    model = _model("ReluGrad", [("dy", [1, 4]), ("x", [1, 4])], ["dx"])
+    np.testing.assert_array_equal(_run(model, feeds)[0], [[0.0, 0.0, 0.0, 4.0]])  # ORT's own
+    assert swap_kernels(model.graph) == {"ReluGrad": 1}
+    np.testing.assert_array_equal(_run(model, feeds)[0], before.grad.numpy()[None])  # [1, 0, 0, 4]
+
+
 @pytest.mark.parametrize(
     "family,expected",
     [
