@@ -59,7 +59,7 @@ MODELS = {  # built in this order from one seed
         "GPT2Config",
         dict(vocab_size=50257, n_embd=768, n_layer=6, n_head=12, n_positions=1024),
     ),  # distilgpt2's
-    # OPT-125M's feed-forward (ReLU) and width, 6 layers, GPT-2's vocabulary
+    # OPT-125M's feed-forward (ReLU), width and vocabulary (GPT-2's, padded to 50,272), 6 layers
     "opt-6x768": (
         "OPTConfig",
         dict(vocab_size=50272, hidden_size=768, ffn_dim=3072, num_hidden_layers=6, num_attention_heads=12),
