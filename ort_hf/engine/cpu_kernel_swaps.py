@@ -51,6 +51,13 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   (``csrc/cpu_embedding_grad.cpp``, where the cost is explained) writes the same sums into a
   buffer it keeps once the previous step's gradient has been released. It falls back to
   ``aten::embedding_backward`` for anything but a dense float32 gradient.
+- ``GatherGrad`` of label sparsity's ``ShrunkenGather`` (the labelled rows, taken before an MLM's
+  head) becomes ``aten::embedding_backward`` into as many rows: the indices are distinct, so each
+  row of the result is a row of the gradient or zeros, ORT's values bit for bit. ORT's kernel took
+  16 to 19 ms a call for 288 to 347 rows of 384 into 2,048 (ORT's profile of the MLM workload on a
+  2-core Intel Xeon); in training, the median step was 1152 ms with the swap against 1180 without
+  (``scripts/paired_option_steps.py --workload mlm --option cpu_gather_grad_swap``,
+  ``docs/results/mlm-label-rows/``). Only float32 and axis 0; behind ``ORTOptions.cpu_gather_grad_swap``.
 - ``ConvGrad`` of a grouped convolution whose kernel is not 2-D writes past the end of its ``dX``
   output: before each group's col2im it zeroes a whole image (``C * input_image_size``
   elements, conv_grad.cc's ``Col2imNdPar`` call) from that group's offset, so the last image's
@@ -126,6 +133,12 @@ class _Context:
         self.mask_ratios = dict(self.dropout_masks.values())
         self.own_embedding_grad = "embedding_grad" in swaps and _own_kernel("embedding_dense_grad")
         self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
+        self.labelled_rows = _labelled_row_indices(graph) if "gather_grad" in swaps else set()
+        self.ranks = {
+            v.name: len(v.type.tensor_type.shape.dim)
+            for v in (*graph.value_info, *graph.input, *graph.output)
+            if v.type.tensor_type.HasField("shape")
+        }
         self.own_gelu_tanh_grad = "gelu_grad" in swaps and _own_kernel("gelu_tanh_backward")
         self.own_rms_norm_grad = "norm_grad" in swaps and _own_kernel("rms_norm_backward")
         self.own_softmax_grad = "softmax_grad" in swaps and _own_kernel("softmax_backward")
@@ -168,6 +181,10 @@ class _Context:
                 )
             )
         return name
+
+    def bool_false(self) -> str:
+        """A bool scalar constant False."""
+        return self._constant("ort_hf/bool_false", TensorProto.BOOL, False)
 
     def float_zero(self) -> str:
         """A float32 scalar constant 0."""
@@ -430,6 +447,47 @@ def _embedding_grad(node, attrs: dict, ctx: _Context) -> list | None:
     return [swapped]
 
 
+def _labelled_row_indices(graph: GraphProto) -> set[str]:
+    """The indices of the rows ORT's label sparsity keeps: those its ``ShrunkenGather`` nodes (axis 0)
+    take, the positions of the labels not ignored (``NonZero``'s output: distinct, in order)."""
+    return {
+        node.input[1]
+        for node in graph.node
+        if node.op_type == "ShrunkenGather"
+        and len(node.input) == 2
+        and all(a.i == 0 for a in node.attribute if a.name == "axis")
+    }
+
+
+def _gather_grad(node, attrs: dict, ctx: _Context) -> list | None:
+    # GatherGrad(shape, indices, dY) -> zeros(shape) with dY's rows added at the indices (axis 0):
+    # aten::embedding_backward into shape[0] rows, for label sparsity's indices (module docstring).
+    if (
+        len(node.input) != 3
+        or attrs.get("axis", 0) != 0
+        or node.input[1] not in ctx.labelled_rows
+        or ctx.types.get(node.input[2]) != TensorProto.FLOAT
+        or ctx.ranks.get(node.input[2]) != 2
+        or ctx.ranks.get(node.input[1], 1) != 1  # ORT's Squeeze of NonZero's [1, n]: often undeclared
+    ):
+        return None
+    shape, indices, dy = node.input
+    rows = f"{_name(node)}/rows"
+    ctx.new_types[node.output[0]] = TensorProto.FLOAT
+    return [
+        helper.make_node("Gather", [shape, ctx.int64_scalar(0)], [rows], name=f"{_name(node)}/Rows", axis=0),
+        helper.make_node(
+            "ATen",
+            [dy, indices, rows, ctx.int64_scalar(-1), ctx.bool_false(), ctx.bool_false()],
+            list(node.output),
+            name=f"{_name(node)}/embedding_backward",
+            domain=_ATEN,
+            operator="embedding_backward",
+            overload_name="",
+        ),
+    ]
+
+
 def _conv_grad(node, attrs: dict, ctx: _Context) -> list | None:
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
         raise NotImplementedError(
@@ -525,6 +583,7 @@ _SWAPS = {
     ("Dropout", "ai.onnx"): ("dropout", _dropout),
     ("DropoutGrad", _MS): ("dropout", _dropout_grad),
     ("ATen", _ATEN): ("embedding_grad", _embedding_grad),
+    ("GatherGrad", _MS): ("gather_grad", _gather_grad),
     ("ConvGrad", _MS): ("conv_grad", _conv_grad),
     ("Gemm", ""): ("gemm", _gemm),
     ("Gemm", "ai.onnx"): ("gemm", _gemm),
@@ -575,7 +634,11 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         if threaded:
             swapped["SDPA (flash attention)"] = threaded
         if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
-            moved = swap_weight_grads(graph, threads, record.weight_grad_min_dim)  # before the Gemm correction
+            # A head's gradient over the rows label sparsity kept: where PyTorch's products are (cpu_weight_grad.py).
+            labelled_too = "linear_product" in record.kernel_swaps
+            moved = swap_weight_grads(
+                graph, threads, record.weight_grad_min_dim, labelled_too
+            )  # before the Gemm correction
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):

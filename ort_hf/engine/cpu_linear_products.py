@@ -38,6 +38,8 @@ A ``Conv1D`` weight (GPT-2's layers, in x out, read as it is) gives ``Gemm(X, W,
 Only a float32 weight of at least ``ORTOptions.cpu_linear_product_min_dim`` rows and columns, and
 a ``FusedMatMul`` or ``Gemm`` with ``alpha`` and ``beta`` 1 and no other transposition. Behind
 ``ORTOptions.cpu_linear_product_swap``; not with ORT's recompute on (``swap_switches.wanted_swaps``).
+The same switch moves a head's weight gradient over the rows label sparsity kept
+(``cpu_weight_grad.py``).
 """
 
 from __future__ import annotations

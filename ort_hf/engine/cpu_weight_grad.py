@@ -1,6 +1,6 @@
 """A linear weight's gradient computed by PyTorch's matrix product instead of ORT's CPU Gemm: the
-layers' projections and a causal LM's head (untied or tied to the embeddings), except where ORT's
-label sparsity cut the rows it sums over.
+layers' projections and a causal LM's head (untied or tied to the embeddings); where ORT's label
+sparsity cut the rows it sums over, only on the CPUs where PyTorch's products are on.
 
 ORT's gradient of ``MatMul(X, Transpose(W))`` (an ``nn.Linear`` weight ``W``, out x in) is
 ``Gemm(X, dY, transA=1)`` (in x out, summed over the rows) then ``Transpose`` to out x in; ORT's
@@ -36,13 +36,19 @@ LoRA adapter's rank-sized factor, too small a product to gain), a Gemm without `
 ``alpha`` 1; a Transpose is absorbed where it alone reads the Gemm. Behind
 ``ORTOptions.cpu_weight_grad_swap``.
 
-Not a weight whose input rows ORT's label sparsity cut (computed from a ``ShrunkenGather``: the
-head's, and the last layer's where the gather moved into it): there the sum is over the labelled
-positions only, a few hundred rows, and on the MiniLM MLM workload moving the head's gradient made
-ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants ort,ort-ort-weight-grad --rounds
-2`` when the swap took the head alone, by round: 1971 against 1874 ms, 1865 against 1815 ms; raw
-results in ``docs/results/mlm-weight-grad/``, whose second eager round ran beside other work and is
-no measurement). The other layers' weights of such a graph move.
+A weight whose input rows ORT's label sparsity cut (computed from a ``ShrunkenGather``: the head's,
+and the last layer's where the gather moved into it) sums over the labelled positions only, a few
+hundred rows. Its gradient moves only where ``ORTOptions.cpu_linear_product_swap`` is on (by
+default on Intel CPUs, ``cpu_linear_products.py``). On a 2-core AMD EPYC (AVX2), moving the MiniLM
+MLM head's gradient made ORT's step 3-5% slower (``ort-hf bench --workloads mlm --variants
+ort,ort-ort-weight-grad --rounds 2`` when the swap took the head alone, by round: 1971 against 1874
+ms, 1865 against 1815 ms; raw results in ``docs/results/mlm-weight-grad/``, whose second eager round
+ran beside other work and is no measurement). On a 2-core Intel Xeon (AVX512), it is faster: ORT's
+``Gemm`` there is followed by a ``Transpose`` and the empty-sum ``Where`` of ``cpu_kernel_swaps``, each
+copying the 30,522 x 384 gradient. The median step was 1134 ms with it moved against 1176 without
+(``scripts/paired_option_steps.py --workload mlm --option cpu_linear_product_swap``, which moves
+nothing else at MiniLM's width; ``docs/results/mlm-label-rows/``). The other layers' weights of such
+a graph move on every CPU.
 """
 
 from __future__ import annotations
@@ -114,12 +120,15 @@ def _after_label_sparsity(graph: GraphProto, readers: dict) -> set[str]:
     return found
 
 
-def swap_weight_grads(graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> int:
+def swap_weight_grads(
+    graph: GraphProto, threads: int, min_dim: int = WEIGHT_GRAD_MIN_DIM, labelled_rows_too: bool = False
+) -> int:
     """Rewrite ``graph`` in place (see the module docstring); returns how many gradients moved.
-    ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s."""
+    ``threads``: PyTorch's thread count for the products; ``min_dim``: :func:`large_enough`'s;
+    ``labelled_rows_too``: also the weights whose input rows label sparsity cut."""
     original = list(graph.node)  # held: a node's id() stays its own while the list lives
     readers = readers_of(original)
-    labelled_rows = _after_label_sparsity(graph, readers)
+    labelled_rows = set() if labelled_rows_too else _after_label_sparsity(graph, readers)
     shapes = _static_shapes(graph)
     replaced: dict[int, object] = {}
     dropped: set[int] = set()

@@ -190,6 +190,12 @@ class ORTOptions:
         "ort_hf's kernel, which reuses its vocabulary-sized buffer instead of "
         "allocating it every step; same sums (engine/cpu_kernel_swaps.py).",
     )
+    cpu_gather_grad_swap: bool = _opt(
+        True,
+        "CPU: compute the gradient of label sparsity's gather of the labelled rows (ORT's GatherGrad) "
+        "with PyTorch's embedding_backward instead of ORT's slower kernel; the same values "
+        "(engine/cpu_kernel_swaps.py).",
+    )
     cpu_gelu_grad_swap: bool = _opt(
         True,
         "CPU: run ORT's GELU gradients (BiasGeluGrad_dX for the exact erf form, FastGeluGrad "
@@ -217,8 +223,8 @@ class ORTOptions:
     cpu_weight_grad_swap: bool = _opt(
         True,
         "CPU: compute the gradients of linear weights (the layers' projections and a causal LM's "
-        "head; not those whose rows label sparsity cut) with PyTorch's matrix product instead "
-        "of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
+        "head; those whose rows label sparsity cut only with cpu_linear_product_swap) with PyTorch's "
+        "matrix product instead of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
     )
     cpu_weight_grad_min_dim: int = _opt(
         WEIGHT_GRAD_MIN_DIM,
@@ -228,9 +234,10 @@ class ORTOptions:
     cpu_linear_product_swap: bool | None = _opt(
         None,
         "CPU: compute the linear layers' (nn.Linear's, GPT-2's Conv1D's) forward products and their inputs' "
-        "gradients with PyTorch's matrix product instead of ORT's MatMul and Gemm; same products. Default: on Intel CPUs, where it was "
-        "measured faster at the layers' shapes, off on the others (an AMD EPYC's were even) "
-        "(engine/cpu_linear_products.py).",
+        "gradients with PyTorch's matrix product instead of ORT's MatMul and Gemm, and the weight gradient "
+        "of a head over the rows label sparsity kept (engine/cpu_weight_grad.py); same products. Default: "
+        "on Intel CPUs, where it was measured faster at the layers' shapes, off on the others (an AMD "
+        "EPYC's were even) (engine/cpu_linear_products.py).",
     )
     cpu_linear_product_min_dim: int = _opt(
         LINEAR_PRODUCT_MIN_DIM,

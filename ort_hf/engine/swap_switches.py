@@ -12,6 +12,7 @@ SWITCHES = {
     "relu_grad": "cpu_relu_grad_swap",
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
+    "gather_grad": "cpu_gather_grad_swap",
     "weight_grad": "cpu_weight_grad_swap",
     "linear_product": "cpu_linear_product_swap",
     "flash_attention": "cpu_flash_attention",

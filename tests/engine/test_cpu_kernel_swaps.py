@@ -3,7 +3,8 @@ the same loss and log-probabilities in an ORT session, for each reduction, with 
 and an ignored label; its gradient node runs as ort_hf's kernel with ORT's values, for 2-D and
 3-D scores too; what either cannot translate exactly stays. A grouped 1-D ConvGrad runs as the
 2-D one with torch's gradients; the ConvGrads ORT gets right stay, a grouped 3-D one is refused.
-ORT's Gemm becomes FusedMatMul, which sums over no rows."""
+ORT's Gemm becomes FusedMatMul, which sums over no rows. The gradient of label sparsity's gather
+runs as PyTorch's embedding_backward with ORT's values; a GatherGrad of other indices stays."""
 
 import numpy as np
 import pytest
@@ -353,3 +354,63 @@ def test_a_gemm_sums_over_no_rows_once_swapped(rows):
 def test_a_gemm_with_c_stays_with_ort():
     model = _gemm_model(with_c=True)
     assert swap_kernels(model.graph) == {}
+
+
+def _gather_grad_model(label_rows: bool = True, dtype=TensorProto.FLOAT):
+    """ORT's label sparsity: the labelled rows' indices (NonZero, Squeeze), ShrunkenGather of them,
+    and GatherGrad scattering their gradient back; ``label_rows=False``: the indices are an input."""
+    rows, hidden = 24, 8
+    nodes = [
+        helper.make_node("NonZero", ["labelled"], ["nonzero"]),
+        helper.make_node("Squeeze", ["nonzero", "axis0"], ["kept"]),
+        helper.make_node("ShrunkenGather", ["x", "kept"], ["x_kept"], domain="com.microsoft", axis=0),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node(
+            "GatherGrad", ["x_shape", "kept" if label_rows else "other", "dy"], ["dx"], domain="com.microsoft"
+        ),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", dtype, [rows, hidden]),
+        helper.make_tensor_value_info("labelled", TensorProto.BOOL, [rows]),
+        helper.make_tensor_value_info("dy", dtype, ["n", hidden]),
+    ]
+    if not label_rows:
+        inputs.append(helper.make_tensor_value_info("other", TensorProto.INT64, ["n"]))
+    outputs = [helper.make_tensor_value_info(name, dtype, None) for name in ("dx", "x_kept")]
+    axis = helper.make_tensor("axis0", TensorProto.INT64, [1], [0])
+    return helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, [axis]),
+        opset_imports=[
+            helper.make_opsetid("", 16),
+            helper.make_opsetid("com.microsoft", 1),
+            helper.make_opsetid("org.pytorch.aten", 1),
+        ],
+        ir_version=8,
+    )
+
+
+@pytest.mark.parametrize("labelled", [7, 0, 24], ids=["some", "none", "every"])
+def test_label_sparsity_gather_gradient_runs_on_pytorchs_kernel_with_orts_values(aten_nodes_run, labelled):
+    rng = np.random.default_rng(0)
+    mask = np.zeros(24, dtype=bool)
+    mask[rng.permutation(24)[:labelled]] = True
+    feeds = {
+        "x": rng.standard_normal((24, 8)).astype(np.float32),
+        "labelled": mask,
+        "dy": rng.standard_normal((labelled, 8)).astype(np.float32),
+    }
+    model = _gather_grad_model()
+    expected = _run(model, feeds)
+    assert swap_kernels(model.graph) == {"GatherGrad": 1}
+    assert "GatherGrad" not in [n.op_type for n in model.graph.node]
+    got = _run(model, feeds)
+    np.testing.assert_array_equal(got[0], expected[0])  # each row a row of dy or zeros: the same bits
+    want = np.zeros((24, 8), dtype=np.float32)
+    want[np.flatnonzero(mask)] = feeds["dy"]
+    np.testing.assert_array_equal(got[0], want)
+
+
+def test_a_gather_gradient_of_other_indices_or_precision_stays_with_ort(aten_nodes_run):
+    assert swap_kernels(_gather_grad_model(label_rows=False).graph) == {}  # indices may repeat: ORT's sums
+    assert swap_kernels(_gather_grad_model(dtype=TensorProto.DOUBLE).graph) == {}
+    assert swap_kernels(_gather_grad_model().graph, swaps=frozenset({"gemm"})) == {}  # switched off

@@ -4,6 +4,8 @@ ORT's; tiny causal LMs (untied Llama, tied GPT-2) with a vocabulary-sized head, 
 layers are wide enough too, train through ORT with them swapped, the same losses and gradients as
 in PyTorch."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -117,7 +119,7 @@ def test_a_lower_bound_moves_smaller_weights():
 @pytest.mark.parametrize("cut_rows", [True, False], ids=["its-input-rows-cut", "elsewhere"])
 def test_a_weight_whose_rows_label_sparsity_cut_stays_with_ort(cut_rows):
     """ORT's ShrunkenGather keeps the labelled rows; a weight gradient summing over its output stays
-    ORT's, one over rows it did not cut moves."""
+    ORT's, one over rows it did not cut moves; asked to (``labelled_rows_too``), both move."""
     model = _model(VOCAB_ROWS)
     graph = model.graph
     gather = helper.make_node("ShrunkenGather", ["all_x", "kept"], ["x_cut"], domain="com.microsoft")
@@ -125,9 +127,11 @@ def test_a_weight_whose_rows_label_sparsity_cut_stays_with_ort(cut_rows):
     if cut_rows:  # x is computed from the gather's output
         graph.node.insert(1, helper.make_node("Identity", ["x_cut"], ["x"]))
     before = [n.op_type for n in graph.node]
+    again = copy.deepcopy(graph)
     assert swap_weight_grads(graph, threads=2) == int(not cut_rows)
     if cut_rows:
         assert [n.op_type for n in graph.node] == before
+    assert swap_weight_grads(again, threads=2, labelled_rows_too=True) == 1
 
 
 def _vocab_sized(family: str):

@@ -80,8 +80,14 @@ def test_label_sparsity_fires_and_loss_matches_pytorch(dataset, tokenizer, tmp_p
     assert len(diffs) == 8 and max(diffs) <= 1e-4 + 1e-9, diffs
 
 
-@pytest.mark.parametrize("sparsity", [True, False], ids=["label-sparsity", "label-sparsity-off"])
-def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(dataset, tokenizer, tmp_path, sparsity):
+@pytest.mark.parametrize(
+    "sparsity, products",
+    [(True, False), (True, True), (False, False)],
+    ids=["label-sparsity", "label-sparsity-products-on", "label-sparsity-off"],
+)
+def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(
+    dataset, tokenizer, tmp_path, sparsity, products
+):
     model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=WEIGHT_GRAD_MIN_DIM)  # its linears wide enough to move
     trainer = ORTTrainer(
         model=model,
@@ -91,6 +97,7 @@ def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(dataset
             max_steps=1,
             per_device_train_batch_size=8,
             ort_enable_label_sparsity=sparsity,
+            ort_cpu_linear_product_swap=products,
         ),
         train_dataset=dataset,
     )
@@ -107,9 +114,10 @@ def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(dataset
     assert engine._record.swapped.get("Gemm (weight gradient)", 0) == len(moved)
     assert any("/layer.0/" in name for name in moved)  # the first layer's rows are every token's
     head = [name for name in moved if "/cls/" in name]
-    # with label sparsity the head sums over the labelled rows only: ORT's Gemm (engine/cpu_weight_grad.py)
-    assert len(head) == (0 if sparsity else 2), moved
-    if not sparsity:
+    # with label sparsity the head sums over the labelled rows only: ORT's Gemm, unless PyTorch's
+    # products are on (engine/cpu_weight_grad.py)
+    assert len(head) == (0 if sparsity and not products else 2), moved
+    if not sparsity or products:
         assert len(moved) == len(linears)
 
 
