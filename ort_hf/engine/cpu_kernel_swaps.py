@@ -648,14 +648,16 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
 
 
 def release_kernel_buffers() -> None:
-    """Drop the buffers ort_hf's embedding-, softmax- and cross-entropy-gradient kernels keep for reuse
-    (a model is gone)."""
+    """Drop the buffers ort_hf's dropout, embedding-, softmax-, cross-entropy- and weight-gradient
+    kernels keep for reuse (a model is gone)."""
     import torch
 
     for release in (
         "release_embedding_grad_buffers",
         "release_softmax_grad_buffers",
         "release_cross_entropy_grad_buffers",
+        "release_weight_grad_buffers",
+        "release_dropout_buffers",
     ):
         if _own_kernel(release):
             getattr(torch.ops.ort_hf, release)()

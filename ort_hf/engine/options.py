@@ -209,10 +209,10 @@ class ORTOptions:
         "vectorised RMSNorm gradient (engine/cpu_grad_swaps.py).",
     )
     cpu_softmax_grad_swap: bool = _opt(
-        False,
+        True,
         "CPU: run ORT's softmax gradient (SoftmaxGrad_13: attention probabilities) on PyTorch's "
-        "vectorised _softmax_backward_data; exact, less CPU time alone, off by default until it is "
-        "shown faster in training (engine/cpu_grad_swaps.py).",
+        "vectorised _softmax_backward_data, as eager's softmax gradient; faster steps "
+        "(engine/cpu_grad_swaps.py).",
     )
     cpu_relu_grad_swap: bool = _opt(
         True,

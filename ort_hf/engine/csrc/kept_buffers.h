@@ -1,9 +1,13 @@
 // Result buffers kept for reuse by a kernel whose results are large. A result above glibc's largest
 // mmap threshold (32 MB) is mapped anew at each call and every page faulted in while written, which
 // can cost more than the kernel itself (55 ms of 75 for a softmax gradient on one of this project's
-// EPYC cores; cpu_embedding_grad.cpp met the same cost). So such a result is written into a buffer
-// kept from an earlier call once nothing holds that buffer any more (ORT released the gradient it
-// carried); smaller ones come from malloc's heap, which reuses them.
+// EPYC cores; cpu_embedding_grad.cpp met the same cost). Smaller ones come from malloc's heap, whose
+// top glibc returns to the system once enough of it is free (its trim threshold, twice the mmap
+// threshold it adapts), so a kernel called many times a step can fault its results in afresh too
+// (cpu_dropout.cpp). So such a result is written into a buffer kept from an earlier call once nothing
+// holds that buffer any more (ORT released the value it carried), as ORT's own kernels write into
+// its arena. A buffer serves any result of its size or up to half its size, of any shape and type,
+// so that batches of varying shapes reuse the same buffers.
 
 #pragma once
 
@@ -17,31 +21,49 @@ namespace ort_hf {
 
 class KeptBuffers {
  public:
-  explicit KeptBuffers(size_t max_kept) : max_kept_(max_kept) {}
+  // Keeps up to `max_kept` buffers, for results of at least `min_bytes` (default: glibc's
+  // DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, 32 MB).
+  explicit KeptBuffers(size_t max_kept, int64_t min_bytes = 32 * 1024 * 1024)
+      : max_kept_(max_kept), min_bytes_(min_bytes) {}
 
   // An uninitialised contiguous tensor of `like`'s sizes and type.
-  at::Tensor like(const at::Tensor& like) {
-    if (like.nbytes() < static_cast<size_t>(kMinKeptBytes)) {
-      return at::empty_like(like, at::MemoryFormat::Contiguous);
+  at::Tensor like(const at::Tensor& like) { return empty(like.sizes(), like.options()); }
+
+  // An uninitialised contiguous tensor of `sizes` with `options`.
+  at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+    const int64_t nbytes =
+        c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
+    const at::TensorOptions contiguous = options.memory_format(at::MemoryFormat::Contiguous);
+    if (nbytes < min_bytes_) {
+      return at::empty(sizes, contiguous);
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& kept : kept_) {
-      if (kept.sizes() == like.sizes() && kept.scalar_type() == like.scalar_type() && unused(kept)) {
-        return kept.detach();
+    at::Tensor* best = nullptr;  // the smallest unused buffer it fits, within twice its size
+    for (auto& kept : kept_) {
+      const int64_t capacity = static_cast<int64_t>(kept.nbytes());
+      if (unused(kept) && capacity >= nbytes && capacity <= 2 * nbytes &&
+          (best == nullptr || capacity < static_cast<int64_t>(best->nbytes()))) {
+        best = &kept;
       }
     }
-    at::Tensor fresh = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+    if (best != nullptr) {
+      return at::empty({0}, contiguous).set_(best->storage(), 0, sizes);
+    }
+    at::Tensor fresh = at::empty({nbytes}, options.dtype(at::kByte));
     if (kept_.size() < max_kept_) {
       kept_.push_back(fresh);
-    } else {  // full: the place of one nobody uses (another shape's)
+    } else {  // full: the place of the smallest one nobody uses
+      at::Tensor* smallest = nullptr;
       for (auto& kept : kept_) {
-        if (unused(kept)) {
-          kept = fresh;
-          break;
+        if (unused(kept) && (smallest == nullptr || kept.nbytes() < smallest->nbytes())) {
+          smallest = &kept;
         }
       }
+      if (smallest != nullptr) {
+        *smallest = fresh;
+      }
     }
-    return fresh.detach();
+    return at::empty({0}, contiguous).set_(fresh.storage(), 0, sizes);
   }
 
   // Drop the kept buffers (those in use live on with their holders): when a model is gone.
@@ -51,15 +73,14 @@ class KeptBuffers {
   }
 
  private:
-  static constexpr int64_t kMinKeptBytes = 32 * 1024 * 1024;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
-
-  // As in cpu_embedding_grad.cpp: each call hands out a new tensor on a kept buffer's storage, so
-  // the storage's reference count says whether anything still holds a result written into it.
+  // Each call hands out a new tensor on a kept buffer's storage, so the storage's reference count
+  // says whether anything still holds a result written into it (as in cpu_embedding_grad.cpp).
   static bool unused(const at::Tensor& kept) { return kept.storage().use_count() == 1; }
 
   std::mutex mutex_;
-  std::vector<at::Tensor> kept_;
+  std::vector<at::Tensor> kept_;  // byte tensors, one a buffer
   size_t max_kept_;
+  int64_t min_bytes_;
 };
 
 }  // namespace ort_hf
