@@ -648,8 +648,8 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
 
 
 def release_kernel_buffers() -> None:
-    """Drop the buffers ort_hf's dropout, embedding-, softmax-, cross-entropy- and weight-gradient
-    kernels keep for reuse (a model is gone)."""
+    """Drop the buffers ort_hf's embedding-, softmax-, cross-entropy- and weight-gradient kernels keep
+    for reuse (a model is gone)."""
     import torch
 
     for release in (
@@ -657,7 +657,6 @@ def release_kernel_buffers() -> None:
         "release_softmax_grad_buffers",
         "release_cross_entropy_grad_buffers",
         "release_weight_grad_buffers",
-        "release_dropout_buffers",
     ):
         if _own_kernel(release):
             getattr(torch.ops.ort_hf, release)()

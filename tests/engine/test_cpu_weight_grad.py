@@ -177,17 +177,19 @@ def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switches)
     assert wrapped._record.swapped.get("Gemm (weight gradient)", 0) == moved
 
 
-def test_the_product_writes_into_a_released_buffer_never_a_held_one(aten_nodes_run):
-    """csrc/cpu_weight_grad.cpp: the gradient is written into a buffer kept from an earlier call once
-    nothing holds it (the optimizer step released the last step's), the same sums."""
+def test_a_vocabulary_sized_gradient_reuses_a_released_buffer_never_a_held_one(aten_nodes_run):
+    """csrc/cpu_weight_grad.cpp with kept_buffers.h: a gradient of 32 MB or more is written into a
+    buffer kept from an earlier call once nothing holds it (the optimizer step released the last
+    step's), of any shape of its size; never into one still held; the same sums."""
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(300, 256, generator=g), torch.randn(300, 384, generator=g)
-    held = torch.ops.ort_hf.weight_grad(a, b, 2)
-    released = torch.ops.ort_hf.weight_grad(a, b, 2)
+    vocab = 30_522  # BERT's: 47 MB of gradient at 384 wide
+    x, dy = torch.randn(64, 384, generator=g), torch.randn(64, vocab, generator=g)
+    held = torch.ops.ort_hf.weight_grad(dy, x, 2)  # vocab x 384: an nn.Linear head's
+    released = torch.ops.ort_hf.weight_grad(dy, x, 2)
     address = released.data_ptr()
-    assert address != held.data_ptr()
+    assert address != held.data_ptr() and released.nbytes >= 32 << 20
     del released
-    again = torch.ops.ort_hf.weight_grad(b, a, 2)  # 384 x 256: another shape of the same size
+    again = torch.ops.ort_hf.weight_grad(x, dy, 2)  # 384 x vocab: a Conv1D head's, the same size
     assert again.data_ptr() == address
-    torch.testing.assert_close(again, torch.mm(b.t(), a), rtol=0, atol=0)
-    torch.testing.assert_close(held, torch.mm(a.t(), b), rtol=0, atol=0)
+    torch.testing.assert_close(again, torch.mm(x.t(), dy), rtol=0, atol=0)
+    torch.testing.assert_close(held, torch.mm(dy.t(), x), rtol=0, atol=0)

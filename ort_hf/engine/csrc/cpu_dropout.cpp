@@ -20,17 +20,11 @@
 #include <mutex>
 #include <tuple>
 
-#include "kept_buffers.h"
-
 namespace {
 
 constexpr int64_t kGrain = 16384;                    // element pairs per parallel task
 
 constexpr uint64_t kWyStep = 0xA0761D6478BD642FULL;  // wyrand's increment
-
-// Outputs, masks and gradients of 1 MB or more, kept for reuse (kept_buffers.h): the forward holds
-// every dropout's mask, and the attention probabilities' output, until the backward.
-ort_hf::KeptBuffers g_buffers(64, 1 << 20);
 
 // wyrand's output function (one 64x64->128 multiply) of a counter: the draws of a call.
 inline uint64_t wyrand(uint64_t s) {
@@ -81,8 +75,8 @@ std::tuple<at::Tensor, at::Tensor> cpu_dropout(const at::Tensor& input, double r
               "ort_hf::cpu_dropout takes a float32 CPU tensor, got ", input.scalar_type(), " on ", input.device());
   check_ratio(ratio);
   const at::Tensor x = input.contiguous();
-  at::Tensor y = g_buffers.empty(x.sizes(), x.options());
-  at::Tensor mask = g_buffers.empty(x.sizes(), x.options().dtype(at::kByte));
+  at::Tensor y = at::empty_like(x);
+  at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kByte));
   const float* xs = x.data_ptr<float>();
   float* ys = y.data_ptr<float>();
   uint8_t* ms = mask.data_ptr<uint8_t>();
@@ -116,7 +110,7 @@ at::Tensor cpu_dropout_grad(const at::Tensor& grad, const at::Tensor& mask, doub
   check_ratio(ratio);
   const at::Tensor dy = grad.contiguous();
   const at::Tensor m = mask.contiguous();
-  at::Tensor dx = g_buffers.empty(dy.sizes(), dy.options());
+  at::Tensor dx = at::empty_like(dy);
   const float* dys = dy.data_ptr<float>();
   const uint8_t* ms = m.data_ptr<uint8_t>();
   float* dxs = dx.data_ptr<float>();
@@ -126,9 +120,6 @@ at::Tensor cpu_dropout_grad(const at::Tensor& grad, const at::Tensor& mask, doub
   });
   return dx;
 }
-
-// Drop the kept buffers (those in use live on with their holders): when a model is gone.
-void release_dropout_buffers() { g_buffers.release(); }
 
 void set_dropout_seed(int64_t seed) {
   g_seed.store(static_cast<uint64_t>(seed));
@@ -142,7 +133,6 @@ TORCH_LIBRARY(ort_hf, m) {
   m.def("cpu_dropout(Tensor input, float ratio) -> (Tensor, Tensor)");
   m.def("cpu_dropout_grad(Tensor grad, Tensor mask, float ratio) -> Tensor");
   m.def("set_dropout_seed(int seed) -> ()", set_dropout_seed);  // no tensor: one kernel for every backend
-  m.def("release_dropout_buffers() -> ()", release_dropout_buffers);
 }
 
 TORCH_LIBRARY_IMPL(ort_hf, CPU, m) {

@@ -1,9 +1,11 @@
 // The gradient of a linear weight, dY^T X (nn.Linear) or X^T dY (Conv1D): ORT's CPU Gemm (MLAS) is slower than
 // PyTorch's at::mm (MKL) there (engine/cpu_weight_grad.py has the figures). ORT's graph
 // gives PyTorch one thread (ORTOptions.torch_threads_in_graph); this product takes `threads`
-// (PyTorch's count outside the graph) for its duration, as the fused LM head does. Its result is
-// written into a kept buffer (kept_buffers.h), as ORT's Gemm writes into its arena: each step's
-// gradients have the shapes of the last step's, which the optimizer step released.
+// (PyTorch's count outside the graph) for its duration, as the fused LM head does. A result of 32 MB
+// or more (a vocabulary-sized head's: 47 MB for MiniLM's tied decoder, whose fresh pages cost about
+// 11,000 page faults a step) is written into a kept buffer (kept_buffers.h), as ORT's Gemm writes
+// into its arena: each step's gradient has the shape of the last step's, which the optimizer step
+// released.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,7 +16,7 @@
 
 namespace {
 
-ort_hf::KeptBuffers g_buffers(1024, 64 << 10);  // every large enough weight's of a model, a step
+ort_hf::KeptBuffers g_buffers(4);  // a head's gradient or two a step: tied or untied, input and output embeddings
 
 // a (rows, m), b (rows, n) -> a^T b (m, n): the sum over rows, zeros when there are none.
 at::Tensor weight_grad(const at::Tensor& a, const at::Tensor& b, int64_t threads) {

@@ -1,13 +1,12 @@
 // Result buffers kept for reuse by a kernel whose results are large. A result above glibc's largest
 // mmap threshold (32 MB) is mapped anew at each call and every page faulted in while written, which
 // can cost more than the kernel itself (55 ms of 75 for a softmax gradient on one of this project's
-// EPYC cores; cpu_embedding_grad.cpp met the same cost). Smaller ones come from malloc's heap, whose
-// top glibc returns to the system once enough of it is free (its trim threshold, twice the mmap
-// threshold it adapts), so a kernel called many times a step can fault its results in afresh too
-// (cpu_dropout.cpp). So such a result is written into a buffer kept from an earlier call once nothing
-// holds that buffer any more (ORT released the value it carried), as ORT's own kernels write into
-// its arena. A buffer serves any result of its size or up to half its size, of any shape and type,
-// so that batches of varying shapes reuse the same buffers.
+// EPYC cores; cpu_embedding_grad.cpp met the same cost). So such a result is written into a buffer
+// kept from an earlier call once nothing holds that buffer any more (ORT released the value it
+// carried), as ORT's own kernels write into its arena; smaller ones come from malloc's heap. A buffer
+// serves any result of its size or up to half its size, of any shape and type, so that results
+// whose shape changes from batch to batch (the cross-entropy gradient of an MLM's labelled rows)
+// reuse the same buffers.
 
 #pragma once
 
@@ -21,10 +20,8 @@ namespace ort_hf {
 
 class KeptBuffers {
  public:
-  // Keeps up to `max_kept` buffers, for results of at least `min_bytes` (default: glibc's
-  // DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, 32 MB).
-  explicit KeptBuffers(size_t max_kept, int64_t min_bytes = 32 * 1024 * 1024)
-      : max_kept_(max_kept), min_bytes_(min_bytes) {}
+  // Keeps up to `max_kept` buffers.
+  explicit KeptBuffers(size_t max_kept) : max_kept_(max_kept) {}
 
   // An uninitialised contiguous tensor of `like`'s sizes and type.
   at::Tensor like(const at::Tensor& like) { return empty(like.sizes(), like.options()); }
@@ -34,7 +31,7 @@ class KeptBuffers {
     const int64_t nbytes =
         c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
     const at::TensorOptions contiguous = options.memory_format(at::MemoryFormat::Contiguous);
-    if (nbytes < min_bytes_) {
+    if (nbytes < kMinKeptBytes) {
       return at::empty(sizes, contiguous);
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -78,9 +75,10 @@ class KeptBuffers {
   static bool unused(const at::Tensor& kept) { return kept.storage().use_count() == 1; }
 
   std::mutex mutex_;
+  static constexpr int64_t kMinKeptBytes = 32 * 1024 * 1024;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+
   std::vector<at::Tensor> kept_;  // byte tensors, one a buffer
   size_t max_kept_;
-  int64_t min_bytes_;
 };
 
 }  // namespace ort_hf
