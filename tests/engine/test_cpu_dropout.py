@@ -139,4 +139,3 @@ def test_recompute_keeps_orts_dropout_which_it_can_redraw(options, wanted):
     record = ExportRecord()
     record.configure(ORTOptions(**options), "cpu")
     assert ("dropout" in record.kernel_swaps) is wanted
-
