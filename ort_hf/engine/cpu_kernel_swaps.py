@@ -134,11 +134,15 @@ class _Context:
         self.own_embedding_grad = "embedding_grad" in swaps and _own_kernel("embedding_dense_grad")
         self.weight_lookups = _weight_lookups(graph) if self.own_embedding_grad else set()
         self.labelled_rows = _labelled_row_indices(graph) if "gather_grad" in swaps else set()
-        self.ranks = {
-            v.name: len(v.type.tensor_type.shape.dim)
-            for v in (*graph.value_info, *graph.input, *graph.output)
-            if v.type.tensor_type.HasField("shape")
-        }
+        self.ranks = (  # read by the gather-gradient swap alone
+            {
+                v.name: len(v.type.tensor_type.shape.dim)
+                for v in (*graph.value_info, *graph.input, *graph.output)
+                if v.type.tensor_type.HasField("shape")
+            }
+            if self.labelled_rows
+            else {}
+        )
         self.own_gelu_tanh_grad = "gelu_grad" in swaps and _own_kernel("gelu_tanh_backward")
         self.own_rms_norm_grad = "norm_grad" in swaps and _own_kernel("rms_norm_backward")
         self.own_softmax_grad = "softmax_grad" in swaps and _own_kernel("softmax_backward")
@@ -634,11 +638,10 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         if threaded:
             swapped["SDPA (flash attention)"] = threaded
         if "weight_grad" in record.kernel_swaps and _own_kernel("weight_grad"):
-            # A head's gradient over the rows label sparsity kept: where PyTorch's products are (cpu_weight_grad.py).
+            # Before the Gemm correction. A head's gradient over the rows label sparsity kept moves where
+            # PyTorch's products are on (cpu_weight_grad.py).
             labelled_too = "linear_product" in record.kernel_swaps
-            moved = swap_weight_grads(
-                graph, threads, record.weight_grad_min_dim, labelled_too
-            )  # before the Gemm correction
+            moved = swap_weight_grads(graph, threads, record.weight_grad_min_dim, labelled_too)
             if moved:
                 swapped["Gemm (weight gradient)"] = moved
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
