@@ -215,6 +215,13 @@ def main() -> int:
     parser.add_argument("--data_dir", default="../shared/data")
     parser.add_argument("--steps", type=int, default=4, help="steps per run: the first, then steady ones")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of every process per workload, interleaved; the table gives each ratio's median and range "
+        "over the rounds, each round's ORT first step over the same round's eager one",
+    )
     parser.add_argument("--out", default=None, help="JSON file for the raw timings")
     parser.add_argument(
         "--export_cache",
@@ -240,22 +247,23 @@ def main() -> int:
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = []
-    for workload in args.workloads.split(","):
-        with tempfile.TemporaryDirectory() as cache:
-            runs = [("eager", None, None), ("ort", None, None)]  # a fresh process each, as a user's run starts
-            if args.export_cache:
-                runs += [("ort", cache, "cache fill"), ("ort", cache, "cache hit")]
-            for engine, cache_dir, variant in runs:
-                command = [sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps)]
-                command += ["--data_dir", args.data_dir, "--threads", str(args.threads)]
-                if cache_dir:
-                    command += ["--cache_dir", str(Path(cache_dir) / "export-cache")]
-                proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-                line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-                if line is None:
-                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-                    return 1
-                results.append({**json.loads(line[len("RESULT ") :]), "variant": variant})
+    for round_index in range(args.rounds):  # rounds interleaved: a slow spell of the machine hits every engine
+        for workload in args.workloads.split(","):
+            with tempfile.TemporaryDirectory() as cache:
+                runs = [("eager", None, None), ("ort", None, None)]  # a fresh process each, as a user's run starts
+                if args.export_cache:
+                    runs += [("ort", cache, "cache fill"), ("ort", cache, "cache hit")]
+                for engine, cache_dir, variant in runs:
+                    command = [sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps)]
+                    command += ["--data_dir", args.data_dir, "--threads", str(args.threads)]
+                    if cache_dir:
+                        command += ["--cache_dir", str(Path(cache_dir) / "export-cache")]
+                    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+                    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+                    if line is None:
+                        print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                        return 1
+                    results.append({**json.loads(line[len("RESULT ") :]), "variant": variant, "round": round_index})
     report = {
         "command": "python scripts/first_step_split.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
@@ -277,15 +285,32 @@ def render(report: dict) -> str:
         f"{report['load_1min_at_end']:.2f} at the end); seconds as wall clock / CPU time of the process",
         "",
     ]
-    by_workload: dict[str, dict[str, dict]] = {}
+    # workload -> variant -> one run per round
+    by_workload: dict[str, dict[str, list[dict]]] = {}
     for r in report["results"]:
-        by_workload.setdefault(r["workload"], {})[r.get("variant") or r["engine"]] = r
+        by_workload.setdefault(r["workload"], {}).setdefault(r.get("variant") or r["engine"], []).append(r)
     for workload, runs in by_workload.items():
         eager = runs.get("pytorch")
         for variant in ("ort", "cache fill", "cache hit"):
             if eager and variant in runs:
-                lines += _render_ort(workload, eager, runs[variant], variant)
+                if len(runs[variant]) == 1:
+                    lines += _render_ort(workload, eager[0], runs[variant][0], variant)
+                else:
+                    lines += _render_rounds(workload, eager, runs[variant], variant)
     return "\n".join(lines)
+
+
+def _stage_order() -> list[str]:
+    return ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
+
+
+def _rest(ort: dict) -> list[float]:
+    """What the stages leave of ORT's first step: its first forward and backward, the optimizer step."""
+    inside = [0.0, 0.0]
+    for label, pair in ort["stages_s"].items():
+        if not label.startswith("engine import"):
+            inside = [inside[0] + pair[0], inside[1] + pair[1]]
+    return [ort["first_step_s"][i] - inside[i] for i in (0, 1)]
 
 
 def _render_ort(workload: str, eager: dict, ort: dict, variant: str) -> list[str]:
@@ -296,16 +321,50 @@ def _render_ort(workload: str, eager: dict, ort: dict, variant: str) -> list[str
         f"CPU time {ort['first_step_s'][1] / eager['first_step_s'][1]:.1f}x eager's); "
         f"later step eager {_pair(eager['steady_step_s'])}, ORT {_pair(ort['steady_step_s'])}"
     ]
-    inside = [0.0, 0.0]
-    order = ["engine import: onnxruntime, C++ extensions", *(stage[0] for stage in STAGES)]
+    order = _stage_order()
     for label, pair in sorted(ort["stages_s"].items(), key=lambda item: order.index(item[0])):
         lines.append(f"  {label:<55} {_pair(pair)}")
-        if not label.startswith("engine import"):
-            inside = [inside[0] + pair[0], inside[1] + pair[1]]
-    rest = [ort["first_step_s"][i] - inside[i] for i in (0, 1)]
+    lines.append(f"  {'rest of the first step (forward, backward, optimizer)':<55} {_pair(_rest(ort))}")
+    lines.append("")
+    return lines
+
+
+def _render_rounds(workload: str, eagers: list[dict], orts: list[dict], variant: str) -> list[str]:
+    """Medians over the rounds; each ratio is a round's ORT run over the same round's eager run."""
+    eager_by_round = {e.get("round", 0): e for e in eagers}
+    paired = [(eager_by_round[o.get("round", 0)], o) for o in orts if o.get("round", 0) in eager_by_round]
+    states = sorted({str(o.get("export_cache")) for _, o in paired})
+    cache = f", export cache: {variant} ({' / '.join(states)} after the runs)" if variant != "ort" else ""
+    ratios = [[o["first_step_s"][i] / e["first_step_s"][i] for e, o in paired] for i in (0, 1)]
+
+    def med(pairs: list[list[float]]) -> list[float]:
+        return [_median([p[i] for p in pairs]) for i in (0, 1)]
+
+    lines = [
+        f"{workload} ({orts[0]['params_m']:.1f}M parameters{cache}), {len(paired)} rounds: ORT's first step over "
+        f"eager's, wall clock {_median(ratios[0]):.1f}x ({min(ratios[0]):.1f}–{max(ratios[0]):.1f}), CPU time "
+        f"{_median(ratios[1]):.1f}x ({min(ratios[1]):.1f}–{max(ratios[1]):.1f}); medians: first step eager "
+        f"{_pair(med([e['first_step_s'] for e, _ in paired]))}, ORT {_pair(med([o['first_step_s'] for _, o in paired]))}; "
+        f"later step eager {_pair(med([e['steady_step_s'] for e, _ in paired]))}, "
+        f"ORT {_pair(med([o['steady_step_s'] for _, o in paired]))}"
+    ]
+    lines.append(
+        "  per round, wall s, eager / ORT: "
+        + ", ".join(f"{e['first_step_s'][0]:.2f} / {o['first_step_s'][0]:.2f}" for e, o in paired)
+    )
+    labels = {label for _, o in paired for label in o["stages_s"]}
+    for label in sorted(labels, key=_stage_order().index):
+        lines.append(f"  {label:<55} {_pair(med([o['stages_s'].get(label, [0.0, 0.0]) for _, o in paired]))}")
+    rest = med([_rest(o) for _, o in paired])
     lines.append(f"  {'rest of the first step (forward, backward, optimizer)':<55} {_pair(rest)}")
     lines.append("")
     return lines
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _pair(pair) -> str:
