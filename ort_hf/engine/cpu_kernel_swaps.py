@@ -50,7 +50,9 @@ ORT's own idea of the device can be stale). Each speed swap has its ``ORTOptions
   vocabulary-sized gradient anew every step; ort_hf's ``embedding_dense_grad``
   (``csrc/cpu_embedding_grad.cpp``, where the cost is explained) writes the same sums into a
   buffer it keeps once the previous step's gradient has been released. It falls back to
-  ``aten::embedding_backward`` for anything but a dense float32 gradient.
+  ``aten::embedding_backward`` for anything but a dense float32 gradient. A table tied to a head
+  whose weight gradient is PyTorch's product gets its rows added into that gradient in place
+  instead (``cpu_tied_embedding_grad.py``, run after these swaps).
 - ``GatherGrad`` of label sparsity's ``ShrunkenGather`` (the labelled rows, taken before an MLM's
   head) becomes ``aten::embedding_backward`` into as many rows: the indices are distinct, so each
   row of the result is a row of the gradient or zeros, ORT's values bit for bit. ORT's kernel took
@@ -88,6 +90,7 @@ from onnx import GraphProto, TensorProto, helper, numpy_helper
 from .._onnx_graph import readers_of, set_elem_types
 from .cpu_grad_swaps import layer_norm_grad, relu_grad, rms_norm_grad, softmax_grad
 from .cpu_linear_products import swap_linear_products
+from .cpu_tied_embedding_grad import add_tied_embedding_grads
 from .cpu_weight_grad import swap_weight_grads
 from .export_record import ACTIVE_EXPORT_RECORD
 from .swap_switches import ALL_SWAPS
@@ -647,6 +650,10 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
         if "linear_product" in record.kernel_swaps and _own_kernel("linear_forward"):
             swapped.update(swap_linear_products(graph, threads, record.linear_product_min_dim))
         swapped.update(swap_kernels(graph, record.kernel_swaps, threads))
+        if "tied_embedding_grad" in record.kernel_swaps and _own_kernel("embedding_dense_grad_add_"):
+            tied = add_tied_embedding_grads(graph)  # after the embedding and weight-gradient swaps it joins
+            if tied:
+                swapped["Sum (tied embedding gradient)"] = tied
     record.swapped = swapped
 
 

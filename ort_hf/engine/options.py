@@ -190,6 +190,13 @@ class ORTOptions:
         "ort_hf's kernel, which reuses its vocabulary-sized buffer instead of "
         "allocating it every step; same sums (engine/cpu_kernel_swaps.py).",
     )
+    cpu_tied_embedding_grad: bool = _opt(
+        True,
+        "CPU: where a table tied to the output head gets both gradients, add the embedding's rows into "
+        "the head's weight gradient in place (when that gradient is PyTorch's product) instead of "
+        "zeroing a vocabulary-sized buffer and summing the two; the same values "
+        "(engine/cpu_tied_embedding_grad.py). Needs cpu_embedding_grad_kernel.",
+    )
     cpu_gather_grad_swap: bool = _opt(
         True,
         "CPU: compute the gradient of label sparsity's gather of the labelled rows (ORT's GatherGrad) "

@@ -13,6 +13,7 @@ SWITCHES = {
     "dropout": "cpu_dropout_kernels",
     "embedding_grad": "cpu_embedding_grad_kernel",
     "gather_grad": "cpu_gather_grad_swap",
+    "tied_embedding_grad": "cpu_tied_embedding_grad",
     "weight_grad": "cpu_weight_grad_swap",
     "linear_product": "cpu_linear_product_swap",
     "flash_attention": "cpu_flash_attention",

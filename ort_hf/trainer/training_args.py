@@ -172,6 +172,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_dropout_kernels: bool = _ort("cpu_dropout_kernels")
     ort_cpu_embedding_grad_kernel: bool = _ort("cpu_embedding_grad_kernel")
     ort_cpu_gather_grad_swap: bool = _ort("cpu_gather_grad_swap")
+    ort_cpu_tied_embedding_grad: bool = _ort("cpu_tied_embedding_grad")
     ort_cpu_gelu_grad_swap: bool = _ort("cpu_gelu_grad_swap")
     ort_cpu_norm_grad_swap: bool = _ort("cpu_norm_grad_swap")
     ort_cpu_softmax_grad_swap: bool = _ort("cpu_softmax_grad_swap")

@@ -119,6 +119,8 @@ def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(
     assert len(head) == (0 if sparsity and not products else 2), moved
     if not sparsity or products:
         assert len(moved) == len(linears)
+    # the tied decoder's gradient on PyTorch's product takes the embeddings' in place (cpu_tied_embedding_grad.py)
+    assert engine._record.swapped.get("Sum (tied embedding gradient)", 0) == (0 if sparsity and not products else 1)
 
 
 def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
@@ -143,6 +145,32 @@ def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
     assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module.loss_kind == "cross_entropy"
     micro_counts = [sum(1 for x in row if x != -100) for row in dataset["labels"][:8]]
     assert sum(micro_counts[:4]) != sum(micro_counts[4:]), "micro batches should hold different label counts"
+    (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]
+    assert max(abs(a - b) for a, b in zip(l1, l2)) <= 1e-4
+    for name in p1:
+        torch.testing.assert_close(p2[name], p1[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_tied_table_gradient_summed_in_place_trains_as_trainer(dataset, tokenizer, tmp_path):
+    """With the head's gradient on PyTorch's product, the tied word embeddings' two gradients are summed
+    in place (engine/cpu_tied_embedding_grad.py): over accumulated micro batches, the same weights as
+    Trainer's."""
+    runs = {}
+    for cls_trainer, cls_args in ((Trainer, TrainingArguments), (ORTTrainer, ORTTrainingArguments)):
+        model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=WEIGHT_GRAD_MIN_DIM)
+        extra = dict(ort_cpu_linear_product_swap=True) if cls_trainer is ORTTrainer else {}
+        args = _args(
+            cls_args,
+            tmp_path / cls_trainer.__name__,
+            max_steps=2,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            **extra,
+        )
+        trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
+        trainer.train()
+        runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
+    assert trainer.ort_engine._record.swapped.get("Sum (tied embedding gradient)") == 1
     (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]
     assert max(abs(a - b) for a, b in zip(l1, l2)) <= 1e-4
     for name in p1:

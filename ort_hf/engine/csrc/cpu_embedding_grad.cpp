@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -85,6 +86,55 @@ at::Tensor embedding_dense_grad(const at::Tensor& grad, const at::Tensor& indice
   return out;
 }
 
+// base += embedding_backward(grad, indices, ...), in place, returning base: a tied table's gradient
+// (a head's weight gradient plus the embedding's) without the vocabulary-sized zeroed buffer and
+// the full-size sum. The values are that sum's bit for bit: each row's contributions are summed
+// first, from zero, in index order (as embedding_dense_grad sums them), then added to base's row.
+// What embedding_dense_grad leaves to aten, and a base of another layout, add aten's gradient. The
+// caller owns `base`: cpu_tied_embedding_grad.py rewrites only a sum whose operand nothing else reads.
+at::Tensor& embedding_dense_grad_add_(at::Tensor& base, const at::Tensor& grad, const at::Tensor& indices,
+                                      int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq,
+                                      bool sparse) {
+  const int64_t dim = grad.dim() > 0 ? grad.size(-1) : 0;
+  if (sparse || scale_grad_by_freq || grad.scalar_type() != at::kFloat || !grad.is_cpu() ||
+      indices.scalar_type() != at::kLong || base.scalar_type() != at::kFloat || !base.is_cpu() ||
+      !base.is_contiguous() || base.dim() != 2 || base.size(0) != num_weights || base.size(1) != dim) {
+    return base.add_(at::embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse));
+  }
+  const at::Tensor idx = indices.contiguous();
+  const at::Tensor rows = grad.contiguous().view({idx.numel(), dim});
+  const int64_t* index = idx.data_ptr<int64_t>();
+  std::vector<int64_t> order;  // the positions that add something, grouped by row, in index order
+  order.reserve(idx.numel());
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const int64_t k = index[i];
+    if (k != padding_idx && k >= 0 && k < num_weights) {
+      order.push_back(i);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [index](int64_t a, int64_t b) { return index[a] < index[b]; });
+  const float* src = rows.data_ptr<float>();
+  float* dst = base.data_ptr<float>();
+  std::vector<float> sum(dim);
+  for (size_t start = 0; start < order.size();) {
+    const int64_t k = index[order[start]];
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    size_t end = start;
+    for (; end < order.size() && index[order[end]] == k; ++end) {
+      const float* g = src + order[end] * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        sum[j] += g[j];
+      }
+    }
+    float* row = dst + k * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      row[j] += sum[j];
+    }
+    start = end;
+  }
+  return base;
+}
+
 // Drop the kept buffers (those in use live on with their holders): when a model is gone.
 void release_embedding_grad_buffers() {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -96,7 +146,12 @@ void release_embedding_grad_buffers() {
 TORCH_LIBRARY_FRAGMENT(ort_hf, m) {
   m.def("embedding_dense_grad(Tensor grad, Tensor indices, int num_weights, int padding_idx, "
         "bool scale_grad_by_freq, bool sparse) -> Tensor");
+  m.def("embedding_dense_grad_add_(Tensor(a!) base, Tensor grad, Tensor indices, int num_weights, "
+        "int padding_idx, bool scale_grad_by_freq, bool sparse) -> Tensor(a!)");
   m.def("release_embedding_grad_buffers() -> ()", release_embedding_grad_buffers);  // no tensor: every backend
 }
 
-TORCH_LIBRARY_IMPL(ort_hf, CPU, m) { m.impl("embedding_dense_grad", embedding_dense_grad); }
+TORCH_LIBRARY_IMPL(ort_hf, CPU, m) {
+  m.impl("embedding_dense_grad", embedding_dense_grad);
+  m.impl("embedding_dense_grad_add_", embedding_dense_grad_add_);
+}
