@@ -123,46 +123,17 @@ def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(
     assert engine._record.swapped.get("Sum (tied embedding gradient)", 0) == (0 if sparsity and not products else 1)
 
 
-def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
-    """batch 4 x accumulation 2, label counts differing per micro batch: the same steps as Trainer.
-
-    BertForMaskedLM's loss is its batch mean (an inline nn.CrossEntropyLoss that ignores
-    num_items_in_batch), so Trainer sums two micro-batch means; ModuleWithLoss's cross-entropy
-    must do the same, not a count-weighted mean."""
+def _accumulated_runs(dataset, tokenizer, out, max_steps, hidden_size=64, **ort):
+    """Trainer and ORTTrainer (with ``ort`` options) from the same seed, batch 4 x accumulation 2:
+    the ORTTrainer, and each run's losses and final weights."""
     runs = {}
     for cls_trainer, cls_args in ((Trainer, TrainingArguments), (ORTTrainer, ORTTrainingArguments)):
-        model = tiny_bert_mlm(tokenizer.vocab_size)
+        model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=hidden_size)
+        extra = ort if cls_trainer is ORTTrainer else {}
         args = _args(
             cls_args,
-            tmp_path / cls_trainer.__name__,
-            max_steps=4,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-        )
-        trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
-        trainer.train()
-        runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
-    assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module.loss_kind == "cross_entropy"
-    micro_counts = [sum(1 for x in row if x != -100) for row in dataset["labels"][:8]]
-    assert sum(micro_counts[:4]) != sum(micro_counts[4:]), "micro batches should hold different label counts"
-    (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]
-    assert max(abs(a - b) for a, b in zip(l1, l2)) <= 1e-4
-    for name in p1:
-        torch.testing.assert_close(p2[name], p1[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
-
-
-def test_tied_table_gradient_summed_in_place_trains_as_trainer(dataset, tokenizer, tmp_path):
-    """With the head's gradient on PyTorch's product, the tied word embeddings' two gradients are summed
-    in place (engine/cpu_tied_embedding_grad.py): over accumulated micro batches, the same weights as
-    Trainer's."""
-    runs = {}
-    for cls_trainer, cls_args in ((Trainer, TrainingArguments), (ORTTrainer, ORTTrainingArguments)):
-        model = tiny_bert_mlm(tokenizer.vocab_size, hidden_size=WEIGHT_GRAD_MIN_DIM)
-        extra = dict(ort_cpu_linear_product_swap=True) if cls_trainer is ORTTrainer else {}
-        args = _args(
-            cls_args,
-            tmp_path / cls_trainer.__name__,
-            max_steps=2,
+            out / cls_trainer.__name__,
+            max_steps=max_steps,
             per_device_train_batch_size=4,
             gradient_accumulation_steps=2,
             **extra,
@@ -170,8 +141,35 @@ def test_tied_table_gradient_summed_in_place_trains_as_trainer(dataset, tokenize
         trainer = cls_trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
         runs[cls_trainer] = (_losses(trainer), {n: p.detach().clone() for n, p in model.named_parameters()})
-    assert trainer.ort_engine._record.swapped.get("Sum (tied embedding gradient)") == 1
+    return trainer, runs
+
+
+def _assert_same_training(runs):
     (l1, p1), (l2, p2) = runs[Trainer], runs[ORTTrainer]
     assert max(abs(a - b) for a, b in zip(l1, l2)) <= 1e-4
     for name in p1:
         torch.testing.assert_close(p2[name], p1[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_gradient_accumulation_matches_trainer(dataset, tokenizer, tmp_path):
+    """batch 4 x accumulation 2, label counts differing per micro batch: the same steps as Trainer.
+
+    BertForMaskedLM's loss is its batch mean (an inline nn.CrossEntropyLoss that ignores
+    num_items_in_batch), so Trainer sums two micro-batch means; ModuleWithLoss's cross-entropy
+    must do the same, not a count-weighted mean."""
+    trainer, runs = _accumulated_runs(dataset, tokenizer, tmp_path, max_steps=4)
+    assert trainer.ort_engine_status().backend == "ort" and trainer._ort_run.loss_module.loss_kind == "cross_entropy"
+    micro_counts = [sum(1 for x in row if x != -100) for row in dataset["labels"][:8]]
+    assert sum(micro_counts[:4]) != sum(micro_counts[4:]), "micro batches should hold different label counts"
+    _assert_same_training(runs)
+
+
+def test_tied_table_gradient_summed_in_place_trains_as_trainer(dataset, tokenizer, tmp_path):
+    """With the head's gradient on PyTorch's product, the tied word embeddings' two gradients are summed
+    in place (engine/cpu_tied_embedding_grad.py): over accumulated micro batches, the same weights as
+    Trainer's."""
+    trainer, runs = _accumulated_runs(
+        dataset, tokenizer, tmp_path, max_steps=2, hidden_size=WEIGHT_GRAD_MIN_DIM, ort_cpu_linear_product_swap=True
+    )
+    assert trainer.ort_engine._record.swapped.get("Sum (tied embedding gradient)") == 1
+    _assert_same_training(runs)
