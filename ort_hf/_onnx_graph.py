@@ -16,6 +16,13 @@ def readers_of(nodes: Iterable) -> dict[str, list]:
     return readers
 
 
+def aten_operator(node):
+    """The ``operator`` attribute of an ATen node of PyTorch's domain (``org.pytorch.aten``), else None."""
+    if node.op_type != "ATen" or node.domain != "org.pytorch.aten":
+        return None
+    return next((a for a in node.attribute if a.name == "operator"), None)
+
+
 def set_elem_types(graph: GraphProto, types: dict[str, int]) -> None:
     """Give ``types``' values their element type in ``graph.value_info``, a declared shape kept (ORT
     infers no type for an ATen node's outputs). Empties ``types``."""

@@ -21,18 +21,12 @@ from __future__ import annotations
 
 from onnx import GraphProto, helper
 
-from .._onnx_graph import readers_of, rebuild_nodes
+from .._onnx_graph import aten_operator, readers_of, rebuild_nodes
 from .cpu_weight_grad import OPERATOR as WEIGHT_GRAD
 
 _ATEN = "org.pytorch.aten"
 EMBEDDING_GRAD = "ort_hf::embedding_dense_grad"
 OPERATOR = "ort_hf::embedding_dense_grad_add_"
-
-
-def _aten_operator(node) -> str | None:
-    if node.op_type != "ATen" or node.domain != _ATEN:
-        return None
-    return next((a.s.decode() for a in node.attribute if a.name == "operator"), None)
 
 
 def add_tied_embedding_grads(graph: GraphProto) -> int:
@@ -45,12 +39,16 @@ def add_tied_embedding_grads(graph: GraphProto) -> int:
     def only_for(name: str, node) -> bool:  # read by `node` alone, once, and not a graph output
         return name not in graph_outputs and [id(r) for r in readers.get(name, [])] == [id(node)]
 
+    def made_by(name: str) -> bytes | None:  # the ATen operator that computes `name`
+        operator = aten_operator(producers[name]) if name in producers else None
+        return None if operator is None else operator.s
+
     replaced, dropped = {}, set()
     for node in original:
         if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
-        roles = {_aten_operator(producers[name]) if name in producers else None: name for name in node.input}
-        head, table = roles.get(WEIGHT_GRAD), roles.get(EMBEDDING_GRAD)
+        roles = {made_by(name): name for name in node.input}
+        head, table = roles.get(WEIGHT_GRAD.encode()), roles.get(EMBEDDING_GRAD.encode())
         if head is None or table is None or not only_for(head, node) or not only_for(table, node):
             continue
         embedding = producers[table]

@@ -33,6 +33,7 @@ import contextvars
 
 import torch
 
+from ..._onnx_graph import aten_operator
 from ..export_record import ACTIVE_EXPORT_RECORD
 from .graph_ops import const, exporter_helpers, scalar_type
 
@@ -164,13 +165,6 @@ def flash_attention_gradient():
 GRADIENTS = {(_ATEN, "ATen", FLASH, ""): flash_attention_gradient}
 
 
-def _operator(node):
-    """The ``operator`` attribute of an ATen node of PyTorch's domain, else None."""
-    if node.op_type != "ATen" or node.domain != _ATEN:
-        return None
-    return next((a for a in node.attribute if a.name == "operator"), None)
-
-
 def name_unneeded_gradients(graph) -> int:
     """Give the kernel's backward nodes in a built training graph a named output for each gradient
     no one asked for (a frozen projection's keys: ORT leaves that output unnamed); returns how many.
@@ -180,7 +174,7 @@ def name_unneeded_gradients(graph) -> int:
 
     named = 0
     for index, node in enumerate(graph.node):
-        operator = _operator(node)
+        operator = aten_operator(node)
         if operator is None or operator.s != FLASH_BACKWARD.encode():
             continue
         outputs = list(node.output) + [""] * (3 - len(node.output))
@@ -207,7 +201,7 @@ def use_own_kernel(graph, threads: int) -> int:
     threads_name = f"ort_hf/flash_attention_threads_{threads}"
     moved = 0
     for node in graph.node:
-        operator = _operator(node)
+        operator = aten_operator(node)
         own = None if operator is None else OWN.get(operator.s.decode())
         if own is None:
             continue
