@@ -59,10 +59,20 @@ at::Tensor zeroed_buffer(int64_t rows, int64_t dim, const at::TensorOptions& opt
   return fresh.detach();
 }
 
+// What these kernels sum themselves: a dense float32 CPU gradient, long indices, no frequency scaling.
+bool own_sums(const at::Tensor& grad, const at::Tensor& indices, bool scale_grad_by_freq, bool sparse) {
+  return !sparse && !scale_grad_by_freq && grad.scalar_type() == at::kFloat && grad.is_cpu() &&
+         indices.scalar_type() == at::kLong;
+}
+
+// Whether the index `k` adds to a row: inside [0, num_weights) and not padding_idx.
+inline bool adds(int64_t k, int64_t padding_idx, int64_t num_weights) {
+  return k != padding_idx && k >= 0 && k < num_weights;
+}
+
 at::Tensor embedding_dense_grad(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
                                 int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
-  if (sparse || scale_grad_by_freq || grad.scalar_type() != at::kFloat || !grad.is_cpu() ||
-      indices.scalar_type() != at::kLong) {
+  if (!own_sums(grad, indices, scale_grad_by_freq, sparse)) {
     return at::embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse);
   }
   const int64_t dim = grad.size(-1);
@@ -74,7 +84,7 @@ at::Tensor embedding_dense_grad(const at::Tensor& grad, const at::Tensor& indice
   float* dst = out.data_ptr<float>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const int64_t k = index[i];
-    if (k == padding_idx || k < 0 || k >= num_weights) {
+    if (!adds(k, padding_idx, num_weights)) {
       continue;
     }
     float* row = dst + k * dim;
@@ -96,8 +106,7 @@ at::Tensor& embedding_dense_grad_add_(at::Tensor& base, const at::Tensor& grad, 
                                       int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq,
                                       bool sparse) {
   const int64_t dim = grad.dim() > 0 ? grad.size(-1) : 0;
-  if (sparse || scale_grad_by_freq || grad.scalar_type() != at::kFloat || !grad.is_cpu() ||
-      indices.scalar_type() != at::kLong || base.scalar_type() != at::kFloat || !base.is_cpu() ||
+  if (!own_sums(grad, indices, scale_grad_by_freq, sparse) || base.scalar_type() != at::kFloat || !base.is_cpu() ||
       !base.is_contiguous() || base.dim() != 2 || base.size(0) != num_weights || base.size(1) != dim) {
     return base.add_(at::embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse));
   }
@@ -107,8 +116,7 @@ at::Tensor& embedding_dense_grad_add_(at::Tensor& base, const at::Tensor& grad, 
   std::vector<int64_t> order;  // the positions that add something, grouped by row, in index order
   order.reserve(idx.numel());
   for (int64_t i = 0; i < idx.numel(); ++i) {
-    const int64_t k = index[i];
-    if (k != padding_idx && k >= 0 && k < num_weights) {
+    if (adds(index[i], padding_idx, num_weights)) {
       order.push_back(i);
     }
   }
