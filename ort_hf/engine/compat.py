@@ -332,6 +332,23 @@ def _bridge_padding_elimination() -> None:
     _patch(GEM, "_initialize_graph_builder", wrap)
 
 
+def _bridge_gradient_graph_cache() -> None:
+    # With the export cache on, ORT's built training graph and its GraphInfo are kept in the cache
+    # entry and a later build of the same graph with the same settings loads them
+    # (gradient_graph_cache). TrainingManager._build_graph calls this base method through super().
+    from onnxruntime.training.ortmodule._graph_execution_manager import GraphExecutionManager as GEM
+
+    from . import gradient_graph_cache
+
+    def wrap(original):
+        def build_graph(self, config):
+            return gradient_graph_cache.build_graph(original, self, config)
+
+        return build_graph
+
+    _patch(GEM, "_build_graph", wrap)
+
+
 def _bridge_shape_inference_non_finite() -> None:
     # ORT 1.19.2 bug: its symbolic shape inference (tools/symbolic_shape_infer.py) carries small
     # constants along (Cast, Concat, Squeeze, ...) as shape data and converts each to a Python int
@@ -406,6 +423,7 @@ def apply_ort_bridges() -> None:
         _bridge_frozen_parameters()
         _bridge_post_export_repairs()
         _bridge_padding_elimination()
+        _bridge_gradient_graph_cache()
         _bridge_shape_inference_non_finite()
         _ort_done = True
 

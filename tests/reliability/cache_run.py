@@ -116,9 +116,10 @@ def _count_shape_inferences(counter: list) -> None:
     GraphTransitionManager._infer_shapes = staticmethod(counted)
 
 
-def main(cache_dir: str, kind: str) -> None:
+def main(cache_dir: str, kind: str, options: str = "{}") -> None:
     model = _model(kind)
-    wrapped = wrap_model(model, ORTOptions(fallback="disable", log_level="ERROR", export_cache_dir=cache_dir))
+    settings = {"fallback": "disable", "log_level": "ERROR", "export_cache_dir": cache_dir, **json.loads(options)}
+    wrapped = wrap_model(model, ORTOptions(**settings))
     passes: list = []
     _count_structure_passes(passes)  # after wrap_model: ORT is imported, ort_hf's bridges in place
     inferences: list = []
@@ -149,6 +150,8 @@ def main(cache_dir: str, kind: str) -> None:
                 "export_count": status.export_count,
                 "structure_passes": len(passes),
                 "shape_inferences": len(inferences),
+                # ORT's C++ builder built the training graph (not a stand-in returning the kept one).
+                "gradient_built": type(wrapped._training_manager()._graph_builder).__name__ == "OrtModuleGraphBuilder",
                 "label_sparsity": bool(wrapped.label_sparsity_fired()),
                 # A classifier's first forward sets it; a hit runs no forward (the entry keeps it).
                 "problem_type": getattr(getattr(model, "config", None), "problem_type", None),

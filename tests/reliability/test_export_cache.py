@@ -10,9 +10,12 @@ import pytest
 SCRIPT = Path(__file__).with_name("cache_run.py")
 
 
-def _start(cache_dir, kind="eager"):
+def _start(cache_dir, kind="eager", options=None):
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(cache_dir), kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(SCRIPT), str(cache_dir), kind, json.dumps(options or {})],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -24,17 +27,21 @@ def _finish(proc) -> dict:
     return result
 
 
-def _run(cache_dir, kind="eager") -> dict:
-    return _finish(_start(cache_dir, kind))
+def _run(cache_dir, kind="eager", options=None) -> dict:
+    return _finish(_start(cache_dir, kind, options))
 
 
 def _graphs(cache_dir):
-    """The exported graphs in the cache (not the post-processed ones kept beside them)."""
-    return sorted(p for p in Path(cache_dir).glob("*/*.onnx") if not p.name.startswith("processed-"))
+    """The exported graphs in the cache (not the post-processed and training graphs kept beside them)."""
+    return sorted(p for p in Path(cache_dir).glob("*/*.onnx") if not p.name.startswith(("processed-", "gradient-")))
 
 
 def _processed(cache_dir):
     return sorted(Path(cache_dir).glob("*/processed-*.onnx"))
+
+
+def _training_graphs(cache_dir):
+    return sorted(Path(cache_dir).glob("*/gradient-*.onnx"))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +109,8 @@ def test_a_graph_with_python_ops_is_restored_in_a_fresh_process(tmp_path, kind):
     # The processed graph is kept too (a class no sweep proved also gets a pre-flight export, uncached).
     assert hit["shape_inferences"] == first["shape_inferences"] - 1
     assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
+    # The training graph is kept too, the fused head's by-address arguments copied into it on a hit.
+    assert first["gradient_built"] and not hit["gradient_built"]
     assert hit["python_ops"] == first["python_ops"] and hit["label_sparsity"] == first["label_sparsity"]
     assert first["label_sparsity"] == (kind == "sparse-lm")
     # ORT's banner says what the graph does: its hook noted the flag in the export, ort_hf on the hit.
@@ -186,6 +195,8 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     # ORT's shape inference ran once, its result (after ort_hf's repairs) kept beside the graph.
     (processed,) = _processed(tmp_path)
     assert first["shape_inferences"] == 1 and hit["shape_inferences"] == 0
+    # ORT's gradient build ran once, the training graph it built kept beside them.
+    assert first["gradient_built"] and not hit["gradient_built"]
 
     processed.write_bytes(processed.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
     redone = _run(tmp_path)
@@ -199,3 +210,18 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     assert tampered["out_type"] == "SequenceClassifierOutput"
     assert tampered["losses"] == first["losses"] and tampered["grads"] == first["grads"]
     assert schema.read_text() == kept
+
+
+def test_a_kept_training_graph_serves_only_the_build_it_came_from(tmp_path):
+    """Other settings of ORT's gradient build (its compute optimizer off) build again, into a file
+    of their own, from the same exported graph; a kept training graph that is not the file recorded
+    is built again, and trains as the build did."""
+    first = _run(tmp_path)
+    (kept,) = _training_graphs(tmp_path)
+    other = _run(tmp_path, options={"enable_compute_optimizer": False})
+    assert other["export_count"] == 0 and other["gradient_built"]
+    assert len(_training_graphs(tmp_path)) == 2
+    kept.write_bytes(kept.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
+    rebuilt = _run(tmp_path)
+    assert rebuilt["export_count"] == 0 and rebuilt["gradient_built"]
+    assert rebuilt["losses"] == first["losses"] and rebuilt["grads"] == first["grads"]
