@@ -229,7 +229,8 @@ def cached_export(original, **kwargs):
     finally:
         lock.release()
     if record is not None and (entry / ort_file_name(module)).exists():
-        record.export_cache_entry = entry  # the post-processed graph is kept there too (processed_cache)
+        # the post-processed and training graphs are kept there too (processed_cache, gradient_graph_cache)
+        record.export_cache_entry = entry
     return result
 
 

@@ -2,8 +2,8 @@
 
 After the post-processed graph (``processed_cache``), ORT 1.19.2 builds the training graph in C++
 (``OrtModuleGraphBuilder.build``: pre-gradient graph transformers, the gradient graph, the
-forward/backward split), 0.2 to 0.4 s of a cache hit's first step at 23M to 55M parameters
-(``docs/benchmarks.md``). The result (the training graph and the ``GraphInfo`` beside it) is a
+forward/backward split), one of the largest parts of what a cache hit's first step had left
+(``docs/benchmarks.md``, "Where ORT's first step goes"). The result (the training graph and the ``GraphInfo`` beside it) is a
 function of the graph the builder starts from and of the builder's settings, so with the export
 cache on it is kept in the cache entry, named by a digest of both:
 
