@@ -349,6 +349,27 @@ def _bridge_gradient_graph_cache() -> None:
     _patch(GEM, "_build_graph", wrap)
 
 
+def _bridge_session_graph_cache() -> None:
+    # With the export cache on, a CPU training session's optimised graph is kept in the cache entry
+    # and a later session of the same graph, options and CPU loads it with ORT's optimisers off
+    # (session_graph_cache). ORT 1.19.2 passes TrainingAgent's arguments by position.
+    import inspect
+
+    from onnxruntime.training.ortmodule._execution_agent import TrainingAgent
+
+    from . import session_graph_cache
+
+    def wrap(original):
+        signature = inspect.signature(original)
+
+        def init(*args, **kwargs):
+            session_graph_cache.create_agent(original, signature.bind(*args, **kwargs))
+
+        return init
+
+    _patch(TrainingAgent, "__init__", wrap)
+
+
 def _bridge_shape_inference_non_finite() -> None:
     # ORT 1.19.2 bug: its symbolic shape inference (tools/symbolic_shape_infer.py) carries small
     # constants along (Cast, Concat, Squeeze, ...) as shape data and converts each to a Python int
@@ -424,6 +445,7 @@ def apply_ort_bridges() -> None:
         _bridge_post_export_repairs()
         _bridge_padding_elimination()
         _bridge_gradient_graph_cache()
+        _bridge_session_graph_cache()
         _bridge_shape_inference_non_finite()
         _ort_done = True
 

@@ -152,6 +152,9 @@ def main(cache_dir: str, kind: str, options: str = "{}") -> None:
                 "shape_inferences": len(inferences),
                 # ORT's C++ builder built the training graph (not a stand-in returning the kept one).
                 "gradient_built": type(wrapped._training_manager()._graph_builder).__name__ == "OrtModuleGraphBuilder",
+                # The session optimised the training graph itself (not loaded it optimised, optimisers off).
+                "session_optimised": wrapped._session().get_session_options().graph_optimization_level.name
+                != "ORT_DISABLE_ALL",
                 "label_sparsity": bool(wrapped.label_sparsity_fired()),
                 # A classifier's first forward sets it; a hit runs no forward (the entry keeps it).
                 "problem_type": getattr(getattr(model, "config", None), "problem_type", None),

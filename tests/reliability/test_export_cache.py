@@ -32,8 +32,9 @@ def _run(cache_dir, kind="eager", options=None) -> dict:
 
 
 def _graphs(cache_dir):
-    """The exported graphs in the cache (not the post-processed and training graphs kept beside them)."""
-    return sorted(p for p in Path(cache_dir).glob("*/*.onnx") if not p.name.startswith(("processed-", "gradient-")))
+    """The exported graphs in the cache (not the processed, training and session graphs kept beside them)."""
+    kept = ("processed-", "gradient-", "session-")
+    return sorted(p for p in Path(cache_dir).glob("*/*.onnx") if not p.name.startswith(kept))
 
 
 def _processed(cache_dir):
@@ -42,6 +43,10 @@ def _processed(cache_dir):
 
 def _training_graphs(cache_dir):
     return sorted(Path(cache_dir).glob("*/gradient-*.onnx"))
+
+
+def _session_graphs(cache_dir):
+    return sorted(Path(cache_dir).glob("*/session-*.onnx"))
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +114,10 @@ def test_a_graph_with_python_ops_is_restored_in_a_fresh_process(tmp_path, kind):
     # The processed graph is kept too (a class no sweep proved also gets a pre-flight export, uncached).
     assert hit["shape_inferences"] == first["shape_inferences"] - 1
     assert hit["losses"] == first["losses"] and hit["grads"] == first["grads"]
-    # The training graph is kept too, the fused head's by-address arguments copied into it on a hit.
+    # The training graph and the session's optimised graph are kept too, the fused head's
+    # by-address arguments copied into both on a hit.
     assert first["gradient_built"] and not hit["gradient_built"]
+    assert first["session_optimised"] and not hit["session_optimised"]
     assert hit["python_ops"] == first["python_ops"] and hit["label_sparsity"] == first["label_sparsity"]
     assert first["label_sparsity"] == (kind == "sparse-lm")
     # ORT's banner says what the graph does: its hook noted the flag in the export, ort_hf on the hit.
@@ -195,8 +202,10 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     # ORT's shape inference ran once, its result (after ort_hf's repairs) kept beside the graph.
     (processed,) = _processed(tmp_path)
     assert first["shape_inferences"] == 1 and hit["shape_inferences"] == 0
-    # ORT's gradient build ran once, the training graph it built kept beside them.
+    # ORT's gradient build ran once, the training graph it built kept beside them; so did the
+    # session's optimisers, a hit's session loading the graph they made with them off.
     assert first["gradient_built"] and not hit["gradient_built"]
+    assert first["session_optimised"] and not hit["session_optimised"]
 
     processed.write_bytes(processed.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
     redone = _run(tmp_path)
@@ -212,16 +221,21 @@ def test_a_hit_loads_the_kept_output_schema_and_trains_as_the_export_did(tmp_pat
     assert schema.read_text() == kept
 
 
-def test_a_kept_training_graph_serves_only_the_build_it_came_from(tmp_path):
+def test_kept_training_and_session_graphs_serve_only_the_build_they_came_from(tmp_path):
     """Other settings of ORT's gradient build (its compute optimizer off) build again, into a file
-    of their own, from the same exported graph; a kept training graph that is not the file recorded
-    is built again, and trains as the build did."""
+    of their own, from the same exported graph; other session options (memory reuse) optimise
+    again, into a session graph of their own; a kept graph that is not the file recorded is built
+    or optimised again, and trains as the first run did."""
     first = _run(tmp_path)
     (kept,) = _training_graphs(tmp_path)
+    (session,) = _session_graphs(tmp_path)
     other = _run(tmp_path, options={"enable_compute_optimizer": False})
-    assert other["export_count"] == 0 and other["gradient_built"]
-    assert len(_training_graphs(tmp_path)) == 2
-    kept.write_bytes(kept.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
+    assert other["export_count"] == 0 and other["gradient_built"] and other["session_optimised"]
+    assert len(_training_graphs(tmp_path)) == 2 and len(_session_graphs(tmp_path)) == 2
+    reuse = _run(tmp_path, options={"enable_mem_reuse": True})
+    assert not reuse["gradient_built"] and reuse["session_optimised"] and len(_session_graphs(tmp_path)) == 3
+    for graph in (kept, session):
+        graph.write_bytes(graph.read_bytes()[:-1] + b"\x00")  # no longer the file recorded
     rebuilt = _run(tmp_path)
-    assert rebuilt["export_count"] == 0 and rebuilt["gradient_built"]
+    assert rebuilt["export_count"] == 0 and rebuilt["gradient_built"] and rebuilt["session_optimised"]
     assert rebuilt["losses"] == first["losses"] and rebuilt["grads"] == first["grads"]
