@@ -229,7 +229,8 @@ def cached_export(original, **kwargs):
     finally:
         lock.release()
     if record is not None and (entry / ort_file_name(module)).exists():
-        # the post-processed and training graphs are kept there too (processed_cache, gradient_graph_cache)
+        # the processed, training and session graphs are kept there too (processed_cache,
+        # gradient_graph_cache, session_graph_cache)
         record.export_cache_entry = entry
     return result
 

@@ -20,8 +20,9 @@ would have made. The file is named by a digest of:
 
 A PythonOp's by-address arguments are copied by node name from this run's training graph into the
 kept one. ORT warns, when it saves a graph optimised past its extended level, that the file suits
-only the machine it was made on; the key holds the machine, so the miss's session is created with
-ORT's warnings off.
+only the machine it was made on; the key holds the machine, so at ORT's default log level the
+miss's session is created with its warnings off (a user who asked for ORT's info or verbose log
+still gets them).
 
 Only CPU sessions without ORT's memory optimiser (recompute) are kept: its plans are made when the
 session optimises, and a session that loads its graph optimised would make none. Nor when ORT's
@@ -43,7 +44,7 @@ from .python_op_cache import POINTERS, attributes
 
 logger = logging.getLogger(__name__)
 
-_ERROR = 3  # ORT's log severity for errors (0 verbose ... 4 fatal)
+_WARNING, _ERROR = 2, 3  # ORT's log severities (0 verbose ... 4 fatal)
 _CONFIG_KEYS = (  # every session config entry ORTModule 1.19.2 and ort_hf set that steers optimisation
     "session.disable_prepacking",
     "optimization.memory_optimizer_config",
@@ -142,7 +143,8 @@ def create_agent(original, bound) -> None:
         return original(*bound.args, **bound.kwargs)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     options.optimized_model_filepath = str(tmp)
-    options.log_severity_level = max(options.log_severity_level, _ERROR)
+    if options.log_severity_level == _WARNING:
+        options.log_severity_level = _ERROR
     try:
         original(*bound.args, **bound.kwargs)
         _store(path, tmp)
