@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import trust
-from .python_op_cache import POINTERS, attributes
+from .python_op_cache import pointer_ops
 
 logger = logging.getLogger(__name__)
 
@@ -111,21 +111,12 @@ def _settings(manager, config) -> dict:
     }
 
 
-def _pointer_ops(model) -> dict:
-    """PythonOp nodes holding by-address arguments, by name."""
-    return {
-        node.name: attributes(node)[POINTERS]
-        for node in model.graph.node
-        if node.op_type == "PythonOp" and POINTERS in attributes(node)
-    }
-
-
 def _digest(processed, settings: dict) -> str:
     import onnx
 
     copy = onnx.ModelProto()
     copy.CopyFrom(processed)
-    for pointers in _pointer_ops(copy).values():
+    for pointers in pointer_ops(copy).values():
         pointers.ints[:] = [0] * len(pointers.ints)
     digest = hashlib.sha256(copy.SerializeToString(deterministic=True))
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
@@ -164,10 +155,10 @@ def _load(stem: Path, processed):
     try:
         gradient_model = graph.read_bytes()
         fields = json.loads(info.read_text())
-        ours = _pointer_ops(processed)
+        ours = pointer_ops(processed)
         if ours:
             model = onnx.load_model_from_string(gradient_model)
-            theirs = _pointer_ops(model)
+            theirs = pointer_ops(model)
             for name, pointers in theirs.items():
                 if name not in ours or len(ours[name].ints) != len(pointers.ints):
                     return None

@@ -36,6 +36,16 @@ def attributes(node) -> dict:
     return {a.name: a for a in node.attribute}
 
 
+def pointer_ops(model) -> dict:
+    """The ``POINTERS`` attribute of each PythonOp node that has one, by node name (the kept graphs
+    of ``gradient_graph_cache`` and ``session_graph_cache`` take this run's values by name)."""
+    return {
+        node.name: attributes(node)[POINTERS]
+        for node in model.graph.node
+        if node.op_type == "PythonOp" and POINTERS in attributes(node)
+    }
+
+
 def _function_name(node) -> str:
     return attributes(node)["func_name"].s.decode()
 

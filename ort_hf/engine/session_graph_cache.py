@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import trust
-from .python_op_cache import POINTERS, attributes
+from .python_op_cache import POINTERS, pointer_ops
 
 logger = logging.getLogger(__name__)
 
@@ -92,15 +92,6 @@ def _settings(options) -> dict:
     }
 
 
-def _pointer_ops(model) -> dict:
-    """PythonOp nodes holding by-address arguments, by name."""
-    return {
-        node.name: attributes(node)[POINTERS]
-        for node in model.graph.node
-        if node.op_type == "PythonOp" and POINTERS in attributes(node)
-    }
-
-
 def _digest(graph: bytes, options) -> tuple[str, dict]:
     """The file's digest, and this run's by-address arguments by node name (to copy into it)."""
     ours: dict = {}
@@ -108,8 +99,8 @@ def _digest(graph: bytes, options) -> tuple[str, dict]:
         import onnx
 
         model = onnx.load_model_from_string(graph)
-        ours = {name: list(p.ints) for name, p in _pointer_ops(model).items()}
-        for pointers in _pointer_ops(model).values():
+        ours = {name: list(p.ints) for name, p in pointer_ops(model).items()}
+        for pointers in pointer_ops(model).values():
             pointers.ints[:] = [0] * len(pointers.ints)
         graph = model.SerializeToString(deterministic=True)
     digest = hashlib.sha256(graph)
@@ -165,7 +156,7 @@ def _load(path: Path, ours: dict) -> bytes | None:
         import onnx
 
         model = onnx.load_model_from_string(graph)
-        for name, pointers in _pointer_ops(model).items():
+        for name, pointers in pointer_ops(model).items():
             if len(ours.get(name, ())) != len(pointers.ints):
                 return None
             pointers.ints[:] = ours[name]
