@@ -44,7 +44,8 @@ from .python_op_cache import POINTERS, pointer_ops
 
 logger = logging.getLogger(__name__)
 
-_WARNING, _ERROR = 2, 3  # ORT's log severities (0 verbose ... 4 fatal)
+# ORT's log severities (0 verbose ... 4 fatal; -1: its default logger's, warnings)
+_WARNING, _ERROR = (-1, 2), 3
 _CONFIG_KEYS = (  # every session config entry ORTModule 1.19.2 and ort_hf set that steers optimisation
     "session.disable_prepacking",
     "optimization.memory_optimizer_config",
@@ -133,11 +134,17 @@ def create_agent(original, bound) -> None:
         arguments["path_or_bytes"] = kept
         return original(*bound.args, **bound.kwargs)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    level = options.log_severity_level
     options.optimized_model_filepath = str(tmp)
-    if options.log_severity_level == _WARNING:
+    if level in _WARNING:
         options.log_severity_level = _ERROR
     try:
         original(*bound.args, **bound.kwargs)
+    except Exception as exc:  # ORT fails the session when it cannot save (a full or read-only disk)
+        logger.info("ort_hf: the session graph could not be saved in %s (%s); creating it unsaved", path.parent, exc)
+        options.optimized_model_filepath, options.log_severity_level = "", level
+        return original(*bound.args, **bound.kwargs)
+    else:
         _store(path, tmp)
     finally:
         tmp.unlink(missing_ok=True)
