@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import trust
-from .python_op_cache import pointer_ops
+from .python_op_cache import pointer_ops, take_pointers, without_pointers
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +112,7 @@ def _settings(manager, config) -> dict:
 
 
 def _digest(processed, settings: dict) -> str:
-    import onnx
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(processed)
-    for pointers in pointer_ops(copy).values():
-        pointers.ints[:] = [0] * len(pointers.ints)
-    digest = hashlib.sha256(copy.SerializeToString(deterministic=True))
+    digest = hashlib.sha256(without_pointers(processed))
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()[:24]
@@ -158,11 +152,8 @@ def _load(stem: Path, processed):
         ours = pointer_ops(processed)
         if ours:
             model = onnx.load_model_from_string(gradient_model)
-            theirs = pointer_ops(model)
-            for name, pointers in theirs.items():
-                if name not in ours or len(ours[name].ints) != len(pointers.ints):
-                    return None
-                pointers.ints[:] = ours[name].ints
+            if not take_pointers(model, ours):
+                return None
             gradient_model = model.SerializeToString()
     except Exception as exc:  # a protobuf DecodeError, an OSError, bad JSON: built again
         logger.info("ort_hf: not using the training graph %s (%s)", graph, exc)

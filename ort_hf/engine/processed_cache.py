@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from . import trust
-from .python_op_cache import POINTERS, attributes
+from .python_op_cache import POINTERS, attributes, without_pointers
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +37,9 @@ def _python_ops(model) -> list:
 
 def _digest(model, kwargs: dict) -> str:
     """The exported graph (by-address arguments left out), the settings and the code."""
-    import onnx
-
     from . import graph_repairs
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for node in _python_ops(copy):
-        pointers = attributes(node).get(POINTERS)
-        if pointers is not None:
-            pointers.ints[:] = [0] * len(pointers.ints)
-    digest = hashlib.sha256(copy.SerializeToString(deterministic=True))
+    digest = hashlib.sha256(without_pointers(model))
     settings = {k: str(kwargs.get(k)) for k in ("export_mode", "enable_custom_autograd_function")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
     for source in (graph_repairs.__file__, __file__):

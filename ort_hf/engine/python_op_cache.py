@@ -37,13 +37,35 @@ def attributes(node) -> dict:
 
 
 def pointer_ops(model) -> dict:
-    """The ``POINTERS`` attribute of each PythonOp node that has one, by node name (the kept graphs
-    of ``gradient_graph_cache`` and ``session_graph_cache`` take this run's values by name)."""
+    """The ``POINTERS`` attribute of each PythonOp node that has one, by node name."""
     return {
         node.name: attributes(node)[POINTERS]
         for node in model.graph.node
         if node.op_type == "PythonOp" and POINTERS in attributes(node)
     }
+
+
+def without_pointers(model) -> bytes:
+    """``model`` serialised deterministically with every by-address argument zeroed: the same bytes
+    in every process for the same graph (what the kept graphs' digests read)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for pointers in pointer_ops(copy).values():
+        pointers.ints[:] = [0] * len(pointers.ints)
+    return copy.SerializeToString(deterministic=True)
+
+
+def take_pointers(kept, ours: dict) -> bool:
+    """Give each PythonOp of ``kept`` (a graph kept by another process) this run's by-address
+    arguments from ``ours`` (``pointer_ops`` of this run's graph), by node name; ORT's builders keep
+    the names. False, with ``kept`` not to be used, where one has no counterpart of its length."""
+    for name, pointers in pointer_ops(kept).items():
+        if name not in ours or len(ours[name].ints) != len(pointers.ints):
+            return False
+        pointers.ints[:] = ours[name].ints
+    return True
 
 
 def _function_name(node) -> str:

@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import trust
-from .python_op_cache import POINTERS, pointer_ops
+from .python_op_cache import POINTERS, pointer_ops, take_pointers, without_pointers
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +100,8 @@ def _digest(graph: bytes, options) -> tuple[str, dict]:
         import onnx
 
         model = onnx.load_model_from_string(graph)
-        ours = {name: list(p.ints) for name, p in pointer_ops(model).items()}
-        for pointers in pointer_ops(model).values():
-            pointers.ints[:] = [0] * len(pointers.ints)
-        graph = model.SerializeToString(deterministic=True)
+        ours = pointer_ops(model)
+        graph = without_pointers(model)
     digest = hashlib.sha256(graph)
     digest.update(json.dumps(_settings(options), sort_keys=True).encode())
     digest.update(Path(__file__).read_bytes())
@@ -163,11 +161,7 @@ def _load(path: Path, ours: dict) -> bytes | None:
         import onnx
 
         model = onnx.load_model_from_string(graph)
-        for name, pointers in pointer_ops(model).items():
-            if len(ours.get(name, ())) != len(pointers.ints):
-                return None
-            pointers.ints[:] = ours[name]
-        return model.SerializeToString()
+        return model.SerializeToString() if take_pointers(model, ours) else None
     except Exception as exc:  # a protobuf DecodeError, an OSError: optimised again
         logger.info("ort_hf: not using the session graph %s (%s)", path, exc)
         return None
