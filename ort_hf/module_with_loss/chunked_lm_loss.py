@@ -10,8 +10,9 @@ faults cost about as much as the arithmetic. Here the forward pass takes the row
 there, its gradient (``softmax - one_hot(label)`` on counted rows) multiplied into the gradients of
 the hidden states and of the head's weight and bias. The backward pass only scales those by the
 incoming gradient. The arithmetic is the model's own (``logsumexp - logit[label]`` summed over
-labels that are not ``ignore_index``, the projection as ``nn.Linear`` computes it), in one reused
-chunk buffer.
+labels that are not ``ignore_index``, the projection as ``nn.Linear`` computes it), in one chunk
+buffer that is kept from call to call on the CPU (:func:`release_spare_buffer` drops it): 128 MB
+of fresh pages to fault in every step otherwise.
 
 Inside ORT the Function runs as a ``PythonOp`` (ORT's custom autograd, the form ORT's label
 sparsity detector takes too): the backbone's forward and backward stay ORT's graph. ORT runs its
@@ -25,6 +26,7 @@ engine's, on ORT's MatMul: ``engine/cpu_logits_product.py``), else on PyTorch's 
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 
 import torch
@@ -37,6 +39,34 @@ CHUNK_ELEMENTS = 1 << 25
 # The chunks' forward products other than mm, ``product(h, weight, out)``, by name: the Function takes
 # the name, a string, which ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
 PRODUCTS: dict = {}
+
+# The last call's chunk buffer on the CPU, by (rows, vocab, dtype); taken out while a call uses it, so
+# a concurrent call makes its own. One at most: a second model's buffer replaces the first's.
+_spare: dict[tuple, torch.Tensor] = {}
+_spare_lock = threading.Lock()
+
+
+def release_spare_buffer() -> None:
+    """Drop the chunk buffer kept for the next call (its model is gone)."""
+    with _spare_lock:
+        _spare.clear()
+
+
+def _take_buffer(like: torch.Tensor, rows: int, vocab: int) -> torch.Tensor:
+    key = (rows, vocab, like.dtype)
+    if like.device.type == "cpu":
+        with _spare_lock:
+            buffer = _spare.pop(key, None)
+        if buffer is not None:
+            return buffer
+    return like.new_empty(rows, vocab)
+
+
+def _keep_buffer(buffer: torch.Tensor) -> None:
+    if buffer.device.type == "cpu":  # CUDA's caching allocator keeps freed blocks itself
+        with _spare_lock:
+            _spare.clear()
+            _spare[(*buffer.shape, buffer.dtype)] = buffer
 
 
 @contextlib.contextmanager
@@ -72,14 +102,15 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         rows, vocab = hidden.shape[0], weight.shape[0]
         wants = ctx.needs_input_grad
         grad_hidden = torch.empty_like(hidden) if wants[0] else None
-        grad_weight = torch.zeros_like(weight) if wants[1] else None
+        # Written by the first chunk's product, added to by the others: no zero-filled pass first.
+        grad_weight = (torch.empty_like(weight) if rows else torch.zeros_like(weight)) if wants[1] else None
         grad_bias = torch.zeros_like(bias) if bias is not None and wants[2] else None
         any_grad = grad_hidden is not None or grad_weight is not None or grad_bias is not None
         valid = labels != ignore_index
         target = labels.masked_fill(~valid, 0)
         step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
         product = PRODUCTS.get(product_name) if product_name is not None else None
-        buffer = hidden.new_empty(min(step, rows), vocab)
+        buffer = _take_buffer(hidden, min(step, rows), vocab)
         total = hidden.new_zeros(())
         for start in range(0, rows, step):
             end = min(start + step, rows)
@@ -92,22 +123,28 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             else:
                 torch.addmm(bias, h, weight.t(), out=z)
             picked = z.gather(1, t.unsqueeze(1)).squeeze(1)  # raises on a label out of range, as nll_loss
-            shift = z.amax(dim=1, keepdim=True)
-            z.sub_(shift).exp_()
-            norm = z.sum(dim=1, keepdim=True)
-            log_sum_exp = (shift + norm.log()).squeeze(1)
+            top, at_top = z.max(dim=1, keepdim=True)
+            # In place, one pass over the chunk from memory (each row's passes run in cache). A row's
+            # softmax at its maximum is exp(0) / sum exp(z - top), so logsumexp is top - log p(top).
+            torch.softmax(z, dim=1, out=z)
+            log_sum_exp = (top - z.gather(1, at_top).log()).squeeze(1)
             total += ((log_sum_exp - picked) * counted).sum()
             if not any_grad:
                 continue
-            z.div_(norm)  # softmax; its gradient: minus one at the label, zero on ignored rows
+            # The softmax's gradient: minus one at the label, zero on ignored rows
             z[torch.arange(end - start, device=z.device), t] -= 1
-            z.mul_(counted.unsqueeze(1).to(z.dtype))
+            ignored = (~counted).nonzero().squeeze(1)
+            if ignored.numel():
+                z.index_fill_(0, ignored, 0.0)
             if grad_hidden is not None:
                 torch.mm(z, weight, out=grad_hidden[start:end])
-            if grad_weight is not None:
+            if grad_weight is not None and start == 0:
+                torch.mm(z.t(), h, out=grad_weight)
+            elif grad_weight is not None:
                 grad_weight.addmm_(z.t(), h)
             if grad_bias is not None:
                 grad_bias += z.sum(dim=0)
+        _keep_buffer(buffer)
         ctx.save_for_backward(*(g if g is not None else torch.empty(0) for g in (grad_hidden, grad_weight, grad_bias)))
         ctx.has = (grad_hidden is not None, grad_weight is not None, grad_bias is not None)
         return total

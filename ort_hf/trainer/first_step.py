@@ -8,13 +8,14 @@ import dataclasses
 import json
 import logging
 import os
+import weakref
 
 import torch
 
 from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo, fused_loss_proven, ort_product_wanted
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
-from ..module_with_loss.chunked_lm_loss import PRODUCTS
+from ..module_with_loss.chunked_lm_loss import PRODUCTS, release_spare_buffer
 from ..module_with_loss.fused_lm_head import FusedLMHeadModule, head_rows_report
 from ..module_with_loss.loss_choice import choose_loss
 from ..module_with_loss.module_with_loss import CROSS_ENTROPY
@@ -79,6 +80,7 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
     if refusal is None:
         module.loss_in_graph = module.chunked_head = True
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
+        weakref.finalize(module, release_spare_buffer).atexit = False  # the chunk buffer it keeps
         on_cpu = next(module.parameters()).device.type == "cpu"
         if on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap):
             module.head_product = f"ort_matmul_threads_{module.head_threads}"

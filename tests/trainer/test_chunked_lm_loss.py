@@ -56,6 +56,43 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     assert bool(ort_product._sessions) == (product == "ort" and not with_bias)  # its session ran the chunks
 
 
+def _fused_and_reference(hidden, weight, labels):
+    out = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if fused:
+            loss = chunked_linear_cross_entropy(h, w, None, labels, -100)
+        else:
+            loss = torch.nn.functional.cross_entropy(h @ w.t(), labels, ignore_index=-100, reduction="sum")
+        loss.backward()
+        out.append((loss.detach(), h.grad, w.grad))
+    return out
+
+
+def test_the_chunk_buffer_is_kept_between_calls_and_carries_nothing_over(small_chunks):
+    """The second call reuses the first's buffer (no fresh pages), and computes its own inputs' loss:
+    here logits 60 apart, where every probability but the top one underflows, then no rows at all."""
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, 100, (20,), generator=g)
+    labels[5] = -100
+    calls = [
+        (torch.randn(20, 8, generator=g), torch.randn(100, 8, generator=g)),
+        (torch.randn(20, 8, generator=g) * 30, torch.randn(100, 8, generator=g)),
+    ]
+    kept = []
+    for hidden, weight in calls:
+        ref, got = _fused_and_reference(hidden, weight, labels)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert len(chunked_lm_loss._spare) == 1
+        kept.append(next(iter(chunked_lm_loss._spare.values())).data_ptr())
+    assert kept[0] == kept[1]
+    ref, got = _fused_and_reference(torch.zeros(0, 8), torch.randn(100, 8, generator=g), labels[:0])
+    assert float(got[0]) == 0 and got[2].abs().max() == 0 and got[1].shape == (0, 8)
+    chunked_lm_loss.release_spare_buffer()
+    assert not chunked_lm_loss._spare
+
+
 def test_a_second_backward_raises_instead_of_reading_gradients_scaled_in_place():
     hidden = torch.randn(5, 4, requires_grad=True)
     weight = torch.randn(7, 4, requires_grad=True)
