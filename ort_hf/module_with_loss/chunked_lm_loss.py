@@ -40,33 +40,39 @@ CHUNK_ELEMENTS = 1 << 25
 # the name, a string, which ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
 PRODUCTS: dict = {}
 
-# The last call's chunk buffer on the CPU, by (rows, vocab, dtype); taken out while a call uses it, so
-# a concurrent call makes its own. One at most: a second model's buffer replaces the first's.
-_spare: dict[tuple, torch.Tensor] = {}
+# The last call's chunk buffer on the CPU: taken out while a call uses it, so a concurrent call makes
+# its own. One at most: a second model's buffer replaces the first's.
+_spare: torch.Tensor | None = None
 _spare_lock = threading.Lock()
 
 
 def release_spare_buffer() -> None:
     """Drop the chunk buffer kept for the next call (its model is gone)."""
+    global _spare
     with _spare_lock:
-        _spare.clear()
+        _spare = None
 
 
 def _take_buffer(like: torch.Tensor, rows: int, vocab: int) -> torch.Tensor:
-    key = (rows, vocab, like.dtype)
-    if like.device.type == "cpu":
-        with _spare_lock:
-            buffer = _spare.pop(key, None)
-        if buffer is not None:
+    global _spare
+    with _spare_lock:
+        buffer = _spare
+        if (
+            buffer is not None
+            and buffer.device == like.device
+            and buffer.shape == (rows, vocab)
+            and buffer.dtype == like.dtype
+        ):
+            _spare = None
             return buffer
     return like.new_empty(rows, vocab)
 
 
 def _keep_buffer(buffer: torch.Tensor) -> None:
+    global _spare
     if buffer.device.type == "cpu":  # CUDA's caching allocator keeps freed blocks itself
         with _spare_lock:
-            _spare.clear()
-            _spare[(*buffer.shape, buffer.dtype)] = buffer
+            _spare = buffer
 
 
 @contextlib.contextmanager
