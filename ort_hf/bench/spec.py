@@ -86,7 +86,7 @@ class Variant:
     paddings: tuple[str, ...] = ("none", "max_length", "dynamic")  # the workload paddings it applies to
     default: bool = True  # part of a plain `ort-hf bench`
     cpu_dropout_kernels: bool = True  # ORTTrainer's ort_cpu_dropout_kernels
-    cpu_weight_grad_swap: bool = True  # ORTTrainer's ort_cpu_weight_grad_swap
+    cpu_weight_grad_swap: bool | None = None  # ORTTrainer's ort_cpu_weight_grad_swap
     cpu_linear_product_swap: bool | None = None  # ORTTrainer's ort_cpu_linear_product_swap
     mem_reuse: bool | None = None  # ORTTrainer's ort_enable_mem_reuse
     chunked_lm_loss: bool | None = None  # ORTTrainer's ort_chunked_lm_loss

@@ -12,6 +12,17 @@ against 104-160, in 1.1x to 1.7x less time; on the layers' shapes of the bench's
 SmolLM-shaped one at 88-126 against 91-155, in 1.1x to 1.6x less time except on the hidden-256
 Llama's 688 x 256 feed-forward weight, where ORT's takes 4% less.
 
+On a 2-core AMD EPYC with AVX512 it is the other way round: MLAS ran every shape of that list but
+one at 215-392 GFLOP/s against ``mm``'s 162-205, in up to 2x less time (the one, 2048 x 32768 x 512,
+at 171 against 185; ``kernel-profiles/amd-epyc-avx512-2cpu/weight-grad.json``). In
+training, the swap off against on (``scripts/paired_option_steps.py --workload <w> --option
+cpu_weight_grad_swap``, ``docs/results/weight-grad-default/amd-epyc-avx512-2cpu/``), ORT's median
+step: BERT-base 1658 to 1285 ms, the MiniLM MLM 779 to 698, the hidden-256 Llama 821 to 736, the
+GPT-2 shape 1143 to 1085; LoRA 200M, whose trained weights are all below the size bound, 1302 to
+1369 (nothing moves there: noise). So the swap is on by default except on AMD CPUs whose PyTorch
+kernels dispatch to AVX512 (:func:`weight_grad_wanted`); Intel's Xeon with AVX512 measured ``mm``
+faster (above, and ``kernel-profiles/intel-xeon-avx512-2cpu/``).
+
 In training, every weight of at least 256 x 256 moved against the head's alone (a bench variant
 patched in for the run: ``docs/results/weight-grad-layers/``, its patch and raw results; ``ort-hf
 bench --workloads clm,clm-gpt2,sst2-dynamic,bert-base --variants ort,ort-allwg --rounds 2 --steps
@@ -59,6 +70,25 @@ from .._onnx_graph import readers_of, rebuild_nodes
 from .options import WEIGHT_GRAD_MIN_DIM
 
 OPERATOR = "ort_hf::weight_grad"
+
+
+# (/proc/cpuinfo's vendor_id, torch.backends.cpu.get_cpu_capability()) of the CPUs where ORT's Gemm
+# was measured faster than PyTorch's mm at the weights' gradients (the module docstring)
+ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
+
+
+def weight_grad_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
+    """Whether the weights' gradients move to PyTorch's ``mm``: as ``asked``
+    (``ORTOptions.cpu_weight_grad_swap``), else everywhere but on the CPUs of :data:`ORT_GEMM_CPUS`."""
+    if asked is not None:
+        return asked
+    import torch
+
+    from .cpu_logits_product import cpu_vendor
+
+    vendor = cpu_vendor() if vendor is None else vendor
+    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return (vendor, capability) not in ORT_GEMM_CPUS
 
 
 def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:

@@ -227,11 +227,12 @@ class ORTOptions:
         "vectorised threshold_backward, as eager's ReLU gradient; ORT's values wherever the "
         "activation is a number, and faster steps (engine/cpu_grad_swaps.py).",
     )
-    cpu_weight_grad_swap: bool = _opt(
-        True,
+    cpu_weight_grad_swap: bool | None = _opt(
+        None,
         "CPU: compute the gradients of linear weights (the layers' projections and a causal LM's "
         "head; those whose rows label sparsity cut only with cpu_linear_product_swap) with PyTorch's "
-        "matrix product instead of ORT's slower Gemm; same sums (engine/cpu_weight_grad.py).",
+        "matrix product instead of ORT's Gemm; same sums. Default: on, but off on AMD CPUs with "
+        "AVX512, where ORT's Gemm was measured faster (engine/cpu_weight_grad.py).",
     )
     cpu_weight_grad_min_dim: int = _opt(
         WEIGHT_GRAD_MIN_DIM,

@@ -22,15 +22,19 @@ CORRECTIONS = frozenset({"conv_grad", "gemm"})
 ALL_SWAPS = frozenset(SWITCHES) | CORRECTIONS
 
 
-def switched_on(options, option: str) -> bool:
-    """Whether ``options``' switch ``option`` is on; unset (None), as the CPU decides
-    (``cpu_linear_products.linear_products_wanted``, the one switch that is unset by default)."""
-    value = getattr(options, option)
-    if value is None:
-        from .cpu_linear_products import linear_products_wanted
+def cpu_default(option: str) -> bool:
+    """The default of a switch that is unset (None) by default: as this CPU decides."""
+    from .cpu_linear_products import linear_products_wanted
+    from .cpu_weight_grad import weight_grad_wanted
 
-        return linear_products_wanted(None)
-    return value
+    deciders = {"cpu_linear_product_swap": linear_products_wanted, "cpu_weight_grad_swap": weight_grad_wanted}
+    return deciders[option](None)
+
+
+def switched_on(options, option: str) -> bool:
+    """Whether ``options``' switch ``option`` is on; unset (None), as the CPU decides (:func:`cpu_default`)."""
+    value = getattr(options, option)
+    return cpu_default(option) if value is None else value
 
 
 def wanted_swaps(options, device_type: str) -> frozenset[str]:

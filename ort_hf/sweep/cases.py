@@ -71,6 +71,7 @@ EVERY_MODE = {
     "ort_fallback": "disable",  # a mode that quietly trained in PyTorch would prove nothing
     # Every linear weight's gradient moves to PyTorch, as a real-sized model's do (the tiny models'
     # weights are below the default bound, engine/cpu_weight_grad.py).
+    "ort_cpu_weight_grad_swap": True,  # on every CPU (by default off on AMD's with AVX512)
     "ort_cpu_weight_grad_min_dim": 1,
     # The layers' forward products and input gradients on PyTorch's matmul, on every CPU and at every
     # size: the default on Intel CPUs for large enough weights (engine/cpu_linear_products.py).

@@ -177,7 +177,7 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_norm_grad_swap: bool = _ort("cpu_norm_grad_swap")
     ort_cpu_softmax_grad_swap: bool = _ort("cpu_softmax_grad_swap")
     ort_cpu_relu_grad_swap: bool = _ort("cpu_relu_grad_swap")
-    ort_cpu_weight_grad_swap: bool = _ort("cpu_weight_grad_swap")
+    ort_cpu_weight_grad_swap: bool | None = _ort("cpu_weight_grad_swap")
     ort_cpu_flash_attention: bool = _ort("cpu_flash_attention")
     ort_cpu_weight_grad_min_dim: int = _ort("cpu_weight_grad_min_dim")
     ort_cpu_linear_product_swap: bool | None = _ort("cpu_linear_product_swap")

@@ -14,8 +14,15 @@ from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, make_batch
 from transformers.pytorch_utils import Conv1D
 
-from ort_hf.engine import ORTOptions
-from ort_hf.engine.cpu_weight_grad import OPERATOR, WEIGHT_GRAD_MIN_DIM, large_enough, swap_weight_grads
+from ort_hf.engine import ORTOptions, cpu_logits_product
+from ort_hf.engine.cpu_weight_grad import (
+    OPERATOR,
+    WEIGHT_GRAD_MIN_DIM,
+    large_enough,
+    swap_weight_grads,
+    weight_grad_wanted,
+)
+from ort_hf.engine.swap_switches import wanted_swaps
 
 HIDDEN = WEIGHT_GRAD_MIN_DIM
 VOCAB_ROWS = 8192
@@ -157,7 +164,11 @@ def _large_enough_linears(model, min_dim: int = WEIGHT_GRAD_MIN_DIM) -> int:
 @pytest.mark.parametrize("family", ["llama-clm", "gpt2-clm"])
 @pytest.mark.parametrize(
     "switches",
-    [{}, {"cpu_weight_grad_swap": False}, {"cpu_weight_grad_min_dim": 1}],
+    [
+        {"cpu_weight_grad_swap": True},
+        {"cpu_weight_grad_swap": False},
+        {"cpu_weight_grad_swap": True, "cpu_weight_grad_min_dim": 1},
+    ],
     ids=["swapped", "switched-off", "every-size"],
 )
 def test_a_tiny_lm_with_a_vocabulary_sized_head_trains_with_it(family, switches):
@@ -193,3 +204,22 @@ def test_a_vocabulary_sized_gradient_reuses_a_released_buffer_never_a_held_one(a
     assert again.data_ptr() == address
     torch.testing.assert_close(again, torch.mm(x.t(), dy), rtol=0, atol=0)
     torch.testing.assert_close(held, torch.mm(dy.t(), x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "vendor, capability, on",
+    [
+        ("GenuineIntel", "AVX512", True),
+        ("AuthenticAMD", "AVX2", True),
+        ("AuthenticAMD", "AVX512", False),  # ORT's Gemm measured faster there (cpu_weight_grad.py)
+        ("", "DEFAULT", True),
+    ],
+)
+def test_by_default_the_weight_gradients_move_except_on_amd_cpus_with_avx512(monkeypatch, vendor, capability, on):
+    assert weight_grad_wanted(None, vendor, capability) is on
+    assert weight_grad_wanted(True, "AuthenticAMD", "AVX512") and not weight_grad_wanted(False, "GenuineIntel", "AVX2")
+    monkeypatch.setattr(cpu_logits_product, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert ("weight_grad" in wanted_swaps(ORTOptions(), "cpu")) is on
+    assert "weight_grad" in wanted_swaps(ORTOptions(cpu_weight_grad_swap=True), "cpu")
+    assert "weight_grad" not in wanted_swaps(ORTOptions(cpu_weight_grad_swap=False), "cpu")

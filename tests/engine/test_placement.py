@@ -12,8 +12,7 @@ from parity import UNCHECKED
 from tiny_models import FAMILIES, build, make_batch
 
 from ort_hf.engine import ORTOptions, placement, wrap_model
-from ort_hf.engine.cpu_linear_products import linear_products_wanted
-from ort_hf.engine.swap_switches import CORRECTIONS, SWITCHES, wanted_swaps
+from ort_hf.engine.swap_switches import CORRECTIONS, SWITCHES, cpu_default, wanted_swaps
 from ort_hf.module_with_loss import ModuleWithLoss
 
 
@@ -135,8 +134,8 @@ def test_each_speed_swap_has_a_switch(swap):
     option = SWITCHES[swap]
     assert swap in wanted_swaps(ORTOptions(**{option: True}), "cpu")
     default = getattr(ORTOptions(), option)
-    if default is None:  # decided by the CPU (test_cpu_linear_products.py covers each kind)
-        default = linear_products_wanted(None)
+    if default is None:  # decided by the CPU (test_cpu_linear_products.py, test_cpu_weight_grad.py cover each kind)
+        default = cpu_default(option)
     assert (swap in wanted_swaps(ORTOptions(), "cpu")) == default
     assert swap not in wanted_swaps(ORTOptions(**{option: False}), "cpu")
     assert wanted_swaps(ORTOptions(**{option: False}), "cpu") >= CORRECTIONS
