@@ -98,6 +98,7 @@ def test_weight_gradients_on_mm_except_where_label_sparsity_cut_the_rows(
             per_device_train_batch_size=8,
             ort_enable_label_sparsity=sparsity,
             ort_cpu_linear_product_swap=products,
+            ort_cpu_weight_grad_swap=True,  # on every CPU (by default off on AMD's with AVX512)
         ),
         train_dataset=dataset,
     )
@@ -169,7 +170,13 @@ def test_tied_table_gradient_summed_in_place_trains_as_trainer(dataset, tokenize
     in place (engine/cpu_tied_embedding_grad.py): over accumulated micro batches, the same weights as
     Trainer's."""
     trainer, runs = _accumulated_runs(
-        dataset, tokenizer, tmp_path, max_steps=2, hidden_size=WEIGHT_GRAD_MIN_DIM, ort_cpu_linear_product_swap=True
+        dataset,
+        tokenizer,
+        tmp_path,
+        max_steps=2,
+        hidden_size=WEIGHT_GRAD_MIN_DIM,
+        ort_cpu_linear_product_swap=True,
+        ort_cpu_weight_grad_swap=True,
     )
     assert trainer.ort_engine._record.swapped.get("Sum (tied embedding gradient)") == 1
     _assert_same_training(runs)
