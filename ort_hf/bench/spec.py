@@ -148,7 +148,8 @@ VARIANTS = {
             "ort-ort-weight-grad",
             True,
             "ORTTrainer with ORT's own Gemm for the linear weights' gradients "
-            "(ort_cpu_weight_grad_swap=False): what computing them with PyTorch's mm saves",
+            "(ort_cpu_weight_grad_swap=False): what computing them with PyTorch's mm saves where mm is "
+            "the default (not on AMD CPUs with AVX512, whose default this variant is)",
             cpu_weight_grad_swap=False,
             default=False,
         ),
