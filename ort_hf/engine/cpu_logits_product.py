@@ -1,6 +1,8 @@
-"""The fused chunked LM head's forward product ``X W^T`` (``module_with_loss/chunked_lm_loss.py``) on
-ORT's CPU MatMul (MLAS) instead of PyTorch's ``mm`` (MKL), on the CPUs where MKL runs a vocabulary's
-transposed weight more slowly: AMD's. :func:`ort_product_wanted` decides.
+"""The fused chunked LM head's products (``module_with_loss/chunked_lm_loss.py``) on ORT's CPU
+MatMul and Gemm (MLAS) instead of PyTorch's ``mm`` (MKL), on the CPUs where MKL runs them more slowly:
+the forward product ``X W^T`` on AMD's (:func:`ort_product_wanted`), the two gradient products, the
+hidden states' ``Z W`` and the weight's ``Z^T X`` (``Z``: a chunk's softmax gradient), on AMD's with
+AVX512 (:func:`ort_grad_products_wanted`).
 
 ``scripts/weight_grad_microbench.py --products forward-and-input-grad`` timed the forward product
 over 2,048 rows (``docs/results/kernel-profiles/<cpu>/forward-and-input-grad.json``):
@@ -13,13 +15,23 @@ over 2,048 rows (``docs/results/kernel-profiles/<cpu>/forward-and-input-grad.jso
   384 182 against 237; at 30,522 x 256 ORT's is 7% faster (162 against 175), and even at 37,984 x
   512 (512 rows).
 
-The other two products of the head stay on ``mm`` on every CPU: the weight's gradient is faster
-there (``weight-grad.json``), and the hidden states' gradient is faster in ORT on some AMD shapes
-(606 against 649 ms at 50,257 x 384) and slower on others (760 against 586 at 32,768 x 512), and
-slower in ORT at every vocabulary on the Intel Xeon, the same file.
+The gradient products, the same files: on the AMD EPYC (AVX2) the weight's is faster on ``mm``
+(``weight-grad.json``) and the hidden states' is faster in ORT on some shapes (606 against 649 ms at
+50,257 x 384) and slower on others (760 against 586 at 32,768 x 512); on the Intel Xeon both are slower
+in ORT at every vocabulary. On a 2-core AMD EPYC with AVX512 ORT's are faster at every vocabulary: the
+hidden states' in about half the time (188 against 409 ms at 50,257 x 384, 77 against 173 at 30,522 x
+256), the weight's in 3% to 29% less time but at 32,768 x 512 (402 against 372). The whole fused head
+there, its gradients moved against not (``docs/results/head-grad-products/``), is in that file's
+README.
 
-One ORT inference session per weight shape (``MatMul(x, Transpose(w))``, which ORT fuses into one
-``FusedMatMul``), its inputs and output bound to the tensors' own memory (no copy), ``threads`` intra-op
+The weight's gradient is summed over the chunks: the first chunk's ``Gemm(Z, X, transA=1)`` writes it,
+each later one's ``Gemm(Z, X, G, transA=1)`` adds to it, its output bound to the memory of its input
+``G``. ORT 1.19.2's CPU Gemm (``gemm.cc: ComputeGemm``) first copies ``C`` into ``Y``
+(``GemmBroadcastBias``: an element-wise copy, here onto itself), then runs MLAS's Gemm with ``beta``
+1 over ``Y``: the sum, in place.
+
+One ORT inference session per product and weight shape (the forward's ``MatMul(x, Transpose(w))``,
+which ORT fuses into one ``FusedMatMul``), its inputs and output bound to the tensors' own memory (no copy), ``threads`` intra-op
 threads that do not spin. It runs inside ORT's ``PythonOp`` of the fused loss, while the training
 session's own pool waits. A tensor it cannot take as it is (not float32 on the CPU, not contiguous)
 goes to ``mm``.
@@ -62,6 +74,20 @@ def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
     return as_asked_or_on(asked, ORT_PRODUCT_VENDORS, vendor)
 
 
+def ort_grad_products_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
+    """Whether the head's two gradient products run on ORT's MatMul and Gemm: as ``asked``
+    (``ORTOptions.cpu_lm_head_backward_swap``), else on the CPUs where ORT's products were measured
+    faster than ``mm`` at the weights' gradients too (``cpu_weight_grad.ORT_GEMM_CPUS``: AMD's with
+    AVX512; the module docstring); elsewhere on PyTorch's ``mm``, as eager."""
+    if asked is not None:
+        return asked
+    from .cpu_weight_grad import ORT_GEMM_CPUS
+
+    vendor = cpu_vendor() if vendor is None else vendor
+    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return (vendor, capability) in ORT_GEMM_CPUS
+
+
 def as_asked_or_on(asked: bool | None, vendors: frozenset[str], vendor: str | None = None) -> bool:
     """``asked`` where set, else whether the CPU's vendor (``vendor``, default :func:`cpu_vendor`) is
     one of ``vendors``: the rule of the switches whose default the CPU decides."""
@@ -71,34 +97,58 @@ def as_asked_or_on(asked: bool | None, vendors: frozenset[str], vendor: str | No
 
 
 class LogitsProduct:
-    """``product(h, weight, out)``: ``out = h @ weight.T`` for 2-D float32 CPU tensors."""
+    """The head's products on ORT's sessions, for 2-D float32 contiguous CPU tensors, a weight of
+    ``(vocab, features)``: ``forward_product(h, weight, out)`` (``out = h @ weight.T``) where ``forward``
+    is on, ``input_grad(z, weight, out)`` (``out = z @ weight``) and ``weight_grad(z, h, out,
+    accumulate)`` (``out = z.T @ h``, or ``out += z.T @ h``) where ``grads`` is on. Each returns whether
+    it ran; where it did not (switched off, or tensors it cannot take as they are), the caller runs
+    PyTorch's ``mm``."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, forward: bool = True, grads: bool = False):
         self.threads = max(1, threads)
-        self._sessions: dict[tuple[int, int], object] = {}
+        self.forward, self.grads = forward, grads
+        self._sessions: dict[tuple[str, int, int], object] = {}  # by (product, vocab, features)
         self._lock = threading.Lock()
 
-    def __call__(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-        tensors = (h, weight, out)
+    @property
+    def name(self) -> str:
+        """Its key in the fused loss's ``PRODUCTS``; in the module's repr, so in the export cache's key."""
+        return f"ort_threads_{self.threads}" + "_forward" * self.forward + "_grads" * self.grads
+
+    def forward_product(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
+        return self.forward and self._run("forward", weight.shape, {"x": h, "w": weight}, out)
+
+    def input_grad(self, z: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
+        return self.grads and self._run("input_grad", weight.shape, {"z": z, "w": weight}, out)
+
+    def weight_grad(self, z: torch.Tensor, h: torch.Tensor, out: torch.Tensor, accumulate: bool) -> bool:
+        if not self.grads:
+            return False
+        if accumulate:  # out is the Gemm's C as well as its Y: the module docstring
+            return self._run("weight_grad_add", out.shape, {"z": z, "x": h, "g": out}, out)
+        return self._run("weight_grad", out.shape, {"z": z, "x": h}, out)
+
+    def _run(self, product: str, weight_shape, inputs: dict[str, torch.Tensor], out: torch.Tensor) -> bool:
+        tensors = (*inputs.values(), out)
         if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
-            torch.mm(h, weight.t(), out=out)
-            return
-        if h.shape[0] == 0:
-            return
+            return False
+        if any(t.numel() == 0 for t in tensors):
+            return False  # nothing to multiply: mm writes the empty or zero result
         import numpy as np
 
-        session = self._session(*_dims(weight))
+        session = self._session(product, *(int(d) for d in weight_shape))
         binding = session.io_binding()
-        binding.bind_input("x", "cpu", 0, np.float32, _dims(h), h.data_ptr())
-        binding.bind_input("w", "cpu", 0, np.float32, _dims(weight), weight.data_ptr())
+        for name, t in inputs.items():
+            binding.bind_input(name, "cpu", 0, np.float32, _dims(t), t.data_ptr())
         binding.bind_output("y", "cpu", 0, np.float32, _dims(out), out.data_ptr())
         session.run_with_iobinding(binding)
+        return True
 
-    def _session(self, vocab: int, features: int):
-        key = (vocab, features)
+    def _session(self, product: str, vocab: int, features: int):
+        key = (product, vocab, features)
         with self._lock:
             if key not in self._sessions:
-                self._sessions[key] = _build_session(vocab, features, self.threads)
+                self._sessions[key] = _build_session(product, vocab, features, self.threads)
             return self._sessions[key]
 
 
@@ -106,23 +156,36 @@ def _dims(t: torch.Tensor) -> list[int]:
     return [int(d) for d in t.shape]  # ints also while torch's exporter traces the Function's forward
 
 
-def _build_session(vocab: int, features: int, threads: int):
-    import onnxruntime as ort
+def _graph(product: str, vocab: int, features: int):
+    """The product's ONNX graph: inputs named as :class:`LogitsProduct` binds them, output ``y``."""
     from onnx import TensorProto, helper
 
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(
-        [
+    def value(name, *dims):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+    if product == "forward":
+        nodes = [
             helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0]),
             helper.make_node("MatMul", ["x", "w_t"], ["y"]),
-        ],
-        "ort_hf_logits_product",
-        [
-            helper.make_tensor_value_info("x", f, ["rows", features]),
-            helper.make_tensor_value_info("w", f, [vocab, features]),
-        ],
-        [helper.make_tensor_value_info("y", f, ["rows", vocab])],
-    )
+        ]
+        inputs, output = [value("x", "rows", features), value("w", vocab, features)], value("y", "rows", vocab)
+    elif product == "input_grad":
+        nodes = [helper.make_node("MatMul", ["z", "w"], ["y"])]
+        inputs, output = [value("z", "rows", vocab), value("w", vocab, features)], value("y", "rows", features)
+    else:  # weight_grad, weight_grad_add
+        operands = ["z", "x", "g"] if product == "weight_grad_add" else ["z", "x"]
+        nodes = [helper.make_node("Gemm", operands, ["y"], transA=1)]
+        inputs = [value("z", "rows", vocab), value("x", "rows", features)]
+        inputs += [value("g", vocab, features)] if product == "weight_grad_add" else []
+        output = value("y", vocab, features)
+    return helper.make_graph(nodes, f"ort_hf_head_{product}", inputs, [output])
+
+
+def _build_session(product: str, vocab: int, features: int, threads: int):
+    import onnxruntime as ort
+    from onnx import helper
+
+    graph = _graph(product, vocab, features)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

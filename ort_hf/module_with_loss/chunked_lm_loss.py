@@ -18,9 +18,10 @@ Inside ORT the Function runs as a ``PythonOp`` (ORT's custom autograd, the form 
 sparsity detector takes too): the backbone's forward and backward stay ORT's graph. ORT runs its
 graph with PyTorch on one thread (``ORTOptions.torch_threads_in_graph``: PyTorch's OpenMP workers
 would spin on ORT's cores after every ATen node); the chunks' GEMMs are most of a small LM's step,
-so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration. The chunks'
-forward product ``h @ weight.T`` (no bias) runs on ``PRODUCTS[product]`` where one is named (the
-engine's, on ORT's MatMul: ``engine/cpu_logits_product.py``), else on PyTorch's ``mm``.
+so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration. Where
+``product`` names an entry of ``PRODUCTS`` (the engine's, on ORT's MatMul and Gemm:
+``engine/cpu_logits_product.py``), the chunks' forward product ``h @ weight.T`` (no bias) and their
+gradient products run on it where it takes them, else on PyTorch's ``mm``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ import torch
 # a 2-core AMD EPYC, chunks of 160 rows left the fused loss no faster than the unchunked one.
 CHUNK_ELEMENTS = 1 << 25
 
-# The chunks' forward products other than mm, ``product(h, weight, out)``, by name: the Function takes
-# the name, a string, which ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
+# The chunks' products other than mm, by name: objects with ``forward_product(h, weight, out)``,
+# ``input_grad(z, weight, out)`` and ``weight_grad(z, h, out, accumulate)``, each returning whether it
+# ran (engine/cpu_logits_product.py: LogitsProduct). The Function takes the name, a string, which
+# ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
 PRODUCTS: dict = {}
 
 # The last call's chunk buffer on the CPU: taken out while a call uses it, so a concurrent call makes
@@ -89,6 +92,30 @@ def _untraced_body():
         yield
 
 
+def _logits(product, h, weight, bias, out) -> None:
+    """A chunk's logits ``h @ weight.T + bias`` into ``out``."""
+    if bias is not None:
+        torch.addmm(bias, h, weight.t(), out=out)
+    elif product is None or not product.forward_product(h, weight, out):
+        torch.mm(h, weight.t(), out=out)
+
+
+def _input_grad(product, z, weight, out) -> None:
+    """The chunk's hidden states' gradient ``z @ weight`` into ``out``."""
+    if product is None or not product.input_grad(z, weight, out):
+        torch.mm(z, weight, out=out)
+
+
+def _weight_grad(product, z, h, out, accumulate: bool) -> None:
+    """The chunk's part of the weight's gradient ``z.T @ h``, written to ``out`` or added to it."""
+    if product is not None and product.weight_grad(z, h, out, accumulate):
+        return
+    if accumulate:
+        out.addmm_(z.t(), h)
+    else:
+        torch.mm(z.t(), h, out=out)
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(F.linear(hidden, weight, bias), labels, ignore_index, reduction="sum")``
     for 2-D float32 ``hidden`` (rows, features) and 1-D ``labels``, in row chunks."""
@@ -122,12 +149,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             end = min(start + step, rows)
             h, t, counted = hidden[start:end], target[start:end], valid[start:end]
             z = buffer[: end - start]
-            if bias is None and product is not None:
-                product(h, weight, z)
-            elif bias is None:
-                torch.mm(h, weight.t(), out=z)
-            else:
-                torch.addmm(bias, h, weight.t(), out=z)
+            _logits(product, h, weight, bias, z)
             picked = z.gather(1, t.unsqueeze(1)).squeeze(1)  # raises on a label out of range, as nll_loss
             top, at_top = z.max(dim=1, keepdim=True)
             # In place, one pass over the chunk from memory (each row's passes run in cache). A row's
@@ -143,11 +165,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if ignored.numel():
                 z.index_fill_(0, ignored, 0.0)
             if grad_hidden is not None:
-                torch.mm(z, weight, out=grad_hidden[start:end])
-            if grad_weight is not None and start == 0:
-                torch.mm(z.t(), h, out=grad_weight)
-            elif grad_weight is not None:
-                grad_weight.addmm_(z.t(), h)
+                _input_grad(product, z, weight, grad_hidden[start:end])
+            if grad_weight is not None:
+                _weight_grad(product, z, h, grad_weight, accumulate=start > 0)
             if grad_bias is not None:
                 grad_bias += z.sum(dim=0)
         _keep_buffer(buffer)
@@ -176,5 +196,5 @@ def chunked_linear_cross_entropy(
 ) -> torch.Tensor:
     """The summed cross-entropy of ``hidden @ weight.T + bias`` against ``labels`` (2-D hidden,
     1-D labels), without the full logits; ``threads``: PyTorch's threads for it, at least;
-    ``product``: the name in :data:`PRODUCTS` of the chunks' forward product without bias, if not mm."""
+    ``product``: the name in :data:`PRODUCTS` of the chunks' products, if not mm."""
     return ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, threads, product)

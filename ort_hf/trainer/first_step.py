@@ -12,7 +12,14 @@ import weakref
 
 import torch
 
-from ..engine import SPARSITY_THRESHOLD, LogitsProduct, first_batch_memo, fused_loss_proven, ort_product_wanted
+from ..engine import (
+    SPARSITY_THRESHOLD,
+    LogitsProduct,
+    first_batch_memo,
+    fused_loss_proven,
+    ort_grad_products_wanted,
+    ort_product_wanted,
+)
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
 from ..module_with_loss.chunked_lm_loss import PRODUCTS, release_spare_buffer
@@ -82,15 +89,19 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
         module.head_threads = torch.get_num_threads()  # here, outside ORT's graph: the process's own count
         weakref.finalize(module, release_spare_buffer).atexit = False  # the chunk buffer it keeps
         on_cpu = next(module.parameters()).device.type == "cpu"
-        if on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap):
-            module.head_product = f"ort_matmul_threads_{module.head_threads}"
-            PRODUCTS.setdefault(module.head_product, LogitsProduct(module.head_threads))
+        forward = on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap)
+        grads = on_cpu and ort_grad_products_wanted(args.ort_cpu_lm_head_backward_swap)
+        if forward or grads:
+            products = LogitsProduct(module.head_threads, forward=forward, grads=grads)
+            module.head_product = products.name
+            PRODUCTS.setdefault(products.name, products)
         logger.info(
             "ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
             "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss), its forward product on "
-            "%s (--ort_cpu_lm_head_forward_swap).",
+            "%s (--ort_cpu_lm_head_forward_swap), its gradient products on %s (--ort_cpu_lm_head_backward_swap).",
             100 * density,
-            "ORT's MatMul" if module.head_product else "PyTorch's mm",
+            "ORT's MatMul" if forward else "PyTorch's mm",
+            "ORT's MatMul and Gemm" if grads else "PyTorch's mm",
         )
         return
     logger.info(

@@ -26,12 +26,18 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked_lm_loss, "CHUNK_ELEMENTS", 300)
 
 
-@pytest.mark.parametrize("product", [None, "ort"], ids=["mm", "ort-matmul"])
+@pytest.mark.parametrize(
+    "product", [None, "ort", "ort-grads", "ort-all"], ids=["mm", "ort-forward", "ort-grads", "ort-all"]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, monkeypatch, with_bias, product):
-    """The forward product on PyTorch's mm, or (no bias) on the engine's ORT session."""
-    ort_product = LogitsProduct(threads=2)
-    monkeypatch.setitem(chunked_lm_loss.PRODUCTS, "ort", ort_product)
+    """The products on PyTorch's mm, or on the engine's ORT sessions: the forward (no bias), the two
+    gradient products (the weight's summed over seven chunks in place), or all three."""
+    forward, grads = {None: (False, False), "ort": (True, False), "ort-grads": (False, True), "ort-all": (True, True)}[
+        product
+    ]
+    ort_product = LogitsProduct(threads=2, forward=forward, grads=grads)
+    monkeypatch.setitem(chunked_lm_loss.PRODUCTS, product, ort_product)
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(20, 8, generator=g, requires_grad=True)
     weight = torch.randn(100, 8, generator=g, requires_grad=True)
@@ -53,7 +59,11 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     for ref, got in zip(*results):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert results[1][1][[0, 7, 19]].abs().max() == 0  # ignored rows get no gradient
-    assert bool(ort_product._sessions) == (product == "ort" and not with_bias)  # its session ran the chunks
+    ran = {key[0] for key in ort_product._sessions}  # the products ORT's sessions ran
+    expected = ({"forward"} if forward and not with_bias else set()) | (
+        {"input_grad", "weight_grad", "weight_grad_add"} if grads else set()
+    )
+    assert ran == expected
 
 
 def _fused_and_reference(hidden, weight, labels):
@@ -162,6 +172,7 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         family,
         ort_chunked_lm_loss=True,
         ort_cpu_lm_head_forward_swap=True,  # the default on AMD CPUs only (cpu_logits_product.py)
+        ort_cpu_lm_head_backward_swap=True,  # the default on AMD CPUs with AVX512 only
     )
     assert trainer.ort_engine_status().backend == "ort"
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
@@ -169,27 +180,38 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
     assert fused_in_graph(trainer.ort_engine.training_graph())
     assert trainer.ort_engine.label_sparsity_fired() is False
     head_product = chunked_lm_loss.PRODUCTS[trainer.ort_engine.module.head_product]
-    assert head_product._sessions  # the chunks' forward products ran on ORT's MatMul
+    ran = {key[0] for key in head_product._sessions}  # the chunks' products ran on ORT's MatMul and Gemm
+    assert ran == {"forward", "input_grad", "weight_grad", "weight_grad_add"}
     assert len(losses) == 4 and max(abs(a - b) for a, b in zip(ref_losses, losses)) <= 1e-5
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
-def test_the_heads_forward_product_is_ort_s_by_default_on_amd_cpus_only(small_chunks, monkeypatch, tmp_path, vendor):
-    """Where it was measured faster (cpu_logits_product.py): ORT's MatMul on AMD, PyTorch's mm on Intel."""
+@pytest.mark.parametrize(
+    "vendor, capability", [("AuthenticAMD", "AVX512"), ("AuthenticAMD", "AVX2"), ("GenuineIntel", "AVX512")]
+)
+def test_the_heads_products_are_ort_s_by_default_where_measured_faster(
+    small_chunks, monkeypatch, tmp_path, vendor, capability
+):
+    """Where each was measured faster (cpu_logits_product.py): the forward product on ORT's MatMul on
+    AMD CPUs, the gradient products on ORT's MatMul and Gemm on AMD CPUs with AVX512; PyTorch's mm on
+    the others."""
     monkeypatch.setattr(cpu_logits_product, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     trainer, _, _ = _train(
         ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=True
     )
     assert fused_in_graph(trainer.ort_engine.training_graph())
     product = trainer.ort_engine.module.head_product
-    if vendor == "AuthenticAMD":
-        assert chunked_lm_loss.PRODUCTS[product]._sessions  # the chunks' products ran on ORT's MatMul
-    else:
-        assert product is None  # on mm
+    ran = {key[0] for key in chunked_lm_loss.PRODUCTS[product]._sessions} if product else set()
+    expected = {"forward"} if vendor == "AuthenticAMD" else set()  # else on mm
+    if (vendor, capability) == ("AuthenticAMD", "AVX512"):
+        expected |= {"input_grad", "weight_grad", "weight_grad_add"}
+    assert ran == expected
     assert cpu_logits_product.ort_product_wanted(True, vendor="GenuineIntel")  # the option overrides
     assert not cpu_logits_product.ort_product_wanted(False, vendor="AuthenticAMD")
+    assert cpu_logits_product.ort_grad_products_wanted(True, vendor="GenuineIntel", capability="AVX512")
+    assert not cpu_logits_product.ort_grad_products_wanted(False, vendor="AuthenticAMD", capability="AVX512")
 
 
 def _fused_loss_proven_for(monkeypatch, names: set[str]) -> None:
