@@ -20,9 +20,11 @@ The gradient products, the same files: on the AMD EPYC (AVX2) the weight's is fa
 50,257 x 384) and slower on others (760 against 586 at 32,768 x 512); on the Intel Xeon both are slower
 in ORT at every vocabulary. On a 2-core AMD EPYC with AVX512 ORT's are faster at every vocabulary: the
 hidden states' in about half the time (188 against 409 ms at 50,257 x 384, 77 against 173 at 30,522 x
-256), the weight's in 3% to 29% less time but at 32,768 x 512 (402 against 372). The whole fused head
-there, its gradients moved against not (``docs/results/head-grad-products/``), is in that file's
-README.
+256), the weight's in 12% to 33% less time but at 32,768 x 512 (402 against 372). In training there,
+the gradient products on ORT's against on ``mm``, ORT's median step (``scripts/paired_option_steps.py
+--option cpu_lm_head_backward_swap``; ``docs/results/head-grad-products/amd-epyc-avx512-2cpu/``): the
+bench's ``clm`` 861 to 711 ms, ``clm-gpt2`` 1541 to 1113, held-out Llama 6 x 384 1849 to 1622, Mistral
+4 x 512 2093 to 1833, GPT-2 6 x 384 2181 to 1997.
 
 The weight's gradient is summed over the chunks: the first chunk's ``Gemm(Z, X, transA=1)`` writes it,
 each later one's ``Gemm(Z, X, G, transA=1)`` adds to it, its output bound to the memory of its input
@@ -53,6 +55,10 @@ import torch
 
 # /proc/cpuinfo's vendor_id of the CPUs where the forward product was measured faster on ORT's MatMul
 ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
+# (/proc/cpuinfo's vendor_id, torch.backends.cpu.get_cpu_capability()) of the CPUs where ORT's Gemm
+# was measured faster than PyTorch's mm at the weights' gradients (the layers' ones: cpu_weight_grad.py;
+# the head's: the module docstring)
+ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
 
 
 @cache
@@ -76,13 +82,14 @@ def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
 
 def ort_grad_products_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
     """Whether the head's two gradient products run on ORT's MatMul and Gemm: as ``asked``
-    (``ORTOptions.cpu_lm_head_backward_swap``), else on the CPUs where ORT's products were measured
-    faster than ``mm`` at the weights' gradients too (``cpu_weight_grad.ORT_GEMM_CPUS``: AMD's with
+    (``ORTOptions.cpu_lm_head_backward_swap``), else on the CPUs of :data:`ORT_GEMM_CPUS` (AMD's with
     AVX512; the module docstring); elsewhere on PyTorch's ``mm``, as eager."""
-    if asked is not None:
-        return asked
-    from .cpu_weight_grad import ORT_GEMM_CPUS
+    return on_ort_gemm_cpu(vendor, capability) if asked is None else asked
 
+
+def on_ort_gemm_cpu(vendor: str | None = None, capability: str | None = None) -> bool:
+    """Whether this CPU (``vendor``, default :func:`cpu_vendor`; ``capability``, default PyTorch's
+    ``get_cpu_capability()``) is one of :data:`ORT_GEMM_CPUS`."""
     vendor = cpu_vendor() if vendor is None else vendor
     capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
     return (vendor, capability) in ORT_GEMM_CPUS

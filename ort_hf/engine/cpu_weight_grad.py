@@ -72,23 +72,15 @@ from .options import WEIGHT_GRAD_MIN_DIM
 OPERATOR = "ort_hf::weight_grad"
 
 
-# (/proc/cpuinfo's vendor_id, torch.backends.cpu.get_cpu_capability()) of the CPUs where ORT's Gemm
-# was measured faster than PyTorch's mm at the weights' gradients (the module docstring)
-ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
-
-
 def weight_grad_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
     """Whether the weights' gradients move to PyTorch's ``mm``: as ``asked``
-    (``ORTOptions.cpu_weight_grad_swap``), else everywhere but on the CPUs of :data:`ORT_GEMM_CPUS`."""
+    (``ORTOptions.cpu_weight_grad_swap``), else everywhere but on the CPUs where ORT's Gemm was
+    measured the faster (``cpu_logits_product.ORT_GEMM_CPUS``; the module docstring)."""
     if asked is not None:
         return asked
-    import torch
+    from .cpu_logits_product import on_ort_gemm_cpu
 
-    from .cpu_logits_product import cpu_vendor
-
-    vendor = cpu_vendor() if vendor is None else vendor
-    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
-    return (vendor, capability) not in ORT_GEMM_CPUS
+    return not on_ort_gemm_cpu(vendor, capability)
 
 
 def _static_shapes(graph: GraphProto) -> dict[str, tuple[int, list[int]]]:
