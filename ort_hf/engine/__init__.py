@@ -37,9 +37,9 @@ _LAZY = {
     "find_length_constants": "length_check",
     "loss_as_trainer_returns": "compat",
     "first_batch_memo": "check_memo",
-    "LogitsProduct": "cpu_logits_product",
-    "ort_product_wanted": "cpu_logits_product",
-    "ort_grad_products_wanted": "cpu_logits_product",
+    "HeadProducts": "cpu_head_products",
+    "ort_product_wanted": "cpu_head_products",
+    "ort_grad_products_wanted": "cpu_head_products",
     "fused_loss_proven": "proven",
 }
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is impo
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .check_memo import first_batch_memo
     from .compat import loss_as_trainer_returns
-    from .cpu_logits_product import LogitsProduct, ort_grad_products_wanted, ort_product_wanted
+    from .cpu_head_products import HeadProducts, ort_grad_products_wanted, ort_product_wanted
     from .cuda import CudaSetup, cuda_setup, driver_present, gpu_arch_note, provider_library
     from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
     from .export import INFERENCE_OPSET, export_inference_onnx

@@ -47,7 +47,7 @@ from __future__ import annotations
 from onnx import GraphProto, TensorProto, helper
 
 from .._onnx_graph import readers_of, rebuild_nodes, set_elem_types
-from . import cpu_logits_product
+from . import cpu_head_products
 from .cpu_weight_grad import large_enough, threads_constant
 from .options import LINEAR_PRODUCT_MIN_DIM
 
@@ -69,7 +69,7 @@ TORCH_PRODUCT_VENDORS = frozenset({"GenuineIntel"})
 def linear_products_wanted(asked: bool | None, vendor: str | None = None) -> bool:
     """Whether the layers' forward products and input gradients move: as ``asked``
     (``ORTOptions.cpu_linear_product_swap``), else on the CPUs of :data:`TORCH_PRODUCT_VENDORS` only."""
-    return cpu_logits_product.as_asked_or_on(asked, TORCH_PRODUCT_VENDORS, vendor)
+    return cpu_head_products.as_asked_or_on(asked, TORCH_PRODUCT_VENDORS, vendor)
 
 
 def _weights(graph: GraphProto, min_dim: int) -> set[str]:

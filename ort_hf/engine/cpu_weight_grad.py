@@ -75,10 +75,10 @@ OPERATOR = "ort_hf::weight_grad"
 def weight_grad_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
     """Whether the weights' gradients move to PyTorch's ``mm``: as ``asked``
     (``ORTOptions.cpu_weight_grad_swap``), else everywhere but on the CPUs where ORT's Gemm was
-    measured the faster (``cpu_logits_product.ORT_GEMM_CPUS``; the module docstring)."""
+    measured the faster (``cpu_head_products.ORT_GEMM_CPUS``; the module docstring)."""
     if asked is not None:
         return asked
-    from .cpu_logits_product import on_ort_gemm_cpu
+    from .cpu_head_products import on_ort_gemm_cpu
 
     return not on_ort_gemm_cpu(vendor, capability)
 

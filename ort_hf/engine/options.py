@@ -264,14 +264,14 @@ class ORTOptions:
         "CPU: run the fused chunked LM head's forward product (--ort_chunked_lm_loss) on ORT's "
         "MatMul instead of PyTorch's mm; same products. Default: on AMD CPUs, where it was measured "
         "faster on a vocabulary's weight, off on the others (an Intel Xeon's mm was faster) "
-        "(engine/cpu_logits_product.py).",
+        "(engine/cpu_head_products.py).",
     )
     cpu_lm_head_backward_swap: bool | None = _opt(
         None,
         "CPU: run the fused chunked LM head's two gradient products (the hidden states' and the "
         "weight's, --ort_chunked_lm_loss) on ORT's MatMul and Gemm instead of PyTorch's mm; same "
         "products. Default: on AMD CPUs with AVX512, where they were measured faster, off on the others "
-        "(engine/cpu_logits_product.py).",
+        "(engine/cpu_head_products.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,

@@ -20,7 +20,7 @@ graph with PyTorch on one thread (``ORTOptions.torch_threads_in_graph``: PyTorch
 would spin on ORT's cores after every ATen node); the chunks' GEMMs are most of a small LM's step,
 so the forward takes ``threads`` (PyTorch's count outside the graph) for its duration. Where
 ``product`` names an entry of ``PRODUCTS`` (the engine's, on ORT's MatMul and Gemm:
-``engine/cpu_logits_product.py``), the chunks' forward product ``h @ weight.T`` (no bias) and their
+``engine/cpu_head_products.py``), the chunks' forward product ``h @ weight.T`` (no bias) and their
 gradient products run on it where it takes them, else on PyTorch's ``mm``.
 """
 
@@ -39,7 +39,7 @@ CHUNK_ELEMENTS = 1 << 25
 
 # The chunks' products other than mm, by name: objects with ``forward_product(h, weight, out)``,
 # ``input_grad(z, weight, out)`` and ``weight_grad(z, h, out, accumulate)``, each returning whether it
-# ran (engine/cpu_logits_product.py: LogitsProduct). The Function takes the name, a string, which
+# ran (engine/cpu_head_products.py: HeadProducts). The Function takes the name, a string, which
 # ORT's PythonOp and its export cache keep (engine/python_op_cache.py).
 PRODUCTS: dict = {}
 

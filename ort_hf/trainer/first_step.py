@@ -14,7 +14,7 @@ import torch
 
 from ..engine import (
     SPARSITY_THRESHOLD,
-    LogitsProduct,
+    HeadProducts,
     first_batch_memo,
     fused_loss_proven,
     ort_grad_products_wanted,
@@ -92,7 +92,7 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
         forward = on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap)
         grads = on_cpu and ort_grad_products_wanted(args.ort_cpu_lm_head_backward_swap)
         if forward or grads:
-            products = LogitsProduct(module.head_threads, forward=forward, grads=grads)
+            products = HeadProducts(module.head_threads, forward=forward, grads=grads)
             module.head_product = products.name
             PRODUCTS.setdefault(products.name, products)
         logger.info(

@@ -199,7 +199,7 @@ def test_a_lower_bound_moves_smaller_weights():
     [("GenuineIntel", True), ("AuthenticAMD", False), ("", False)],
 )
 def test_by_default_the_products_move_on_intel_cpus_only(monkeypatch, vendor, on):
-    monkeypatch.setattr(products.cpu_logits_product, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(products.cpu_head_products, "cpu_vendor", lambda: vendor)
     assert ("linear_product" in wanted_swaps(ORTOptions(), "cpu")) is on
     assert "linear_product" in wanted_swaps(ORTOptions(cpu_linear_product_swap=True), "cpu")
     assert "linear_product" not in wanted_swaps(ORTOptions(cpu_linear_product_swap=False), "cpu")

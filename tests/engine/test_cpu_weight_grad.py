@@ -14,7 +14,7 @@ from parity import assert_parity, run_parity
 from tiny_models import FAMILIES, make_batch
 from transformers.pytorch_utils import Conv1D
 
-from ort_hf.engine import ORTOptions, cpu_logits_product
+from ort_hf.engine import ORTOptions, cpu_head_products
 from ort_hf.engine.cpu_weight_grad import (
     OPERATOR,
     WEIGHT_GRAD_MIN_DIM,
@@ -218,7 +218,7 @@ def test_a_vocabulary_sized_gradient_reuses_a_released_buffer_never_a_held_one(a
 def test_by_default_the_weight_gradients_move_except_on_amd_cpus_with_avx512(monkeypatch, vendor, capability, on):
     assert weight_grad_wanted(None, vendor, capability) is on
     assert weight_grad_wanted(True, "AuthenticAMD", "AVX512") and not weight_grad_wanted(False, "GenuineIntel", "AVX2")
-    monkeypatch.setattr(cpu_logits_product, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_head_products, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert ("weight_grad" in wanted_swaps(ORTOptions(), "cpu")) is on
     assert "weight_grad" in wanted_swaps(ORTOptions(cpu_weight_grad_swap=True), "cpu")

@@ -10,7 +10,7 @@ import torch
 from tiny_models import FAMILIES, build, id_dataset, make_batch, tiny_args
 from transformers import Trainer, TrainingArguments
 
-from ort_hf.engine import LogitsProduct, ORTOptions, cpu_logits_product, wrap_model
+from ort_hf.engine import HeadProducts, ORTOptions, cpu_head_products, wrap_model
 from ort_hf.engine import proven as proven_module
 from ort_hf.module_with_loss import ModuleWithLoss, chunked_lm_loss
 from ort_hf.module_with_loss.chunked_head import fused_in_graph
@@ -36,7 +36,7 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
     forward, grads = {None: (False, False), "ort": (True, False), "ort-grads": (False, True), "ort-all": (True, True)}[
         product
     ]
-    ort_product = LogitsProduct(threads=2, forward=forward, grads=grads)
+    ort_product = HeadProducts(threads=2, forward=forward, grads=grads)
     monkeypatch.setitem(chunked_lm_loss.PRODUCTS, product, ort_product)
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(20, 8, generator=g, requires_grad=True)
@@ -171,7 +171,7 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         tmp_path / "ort",
         family,
         ort_chunked_lm_loss=True,
-        ort_cpu_lm_head_forward_swap=True,  # the default on AMD CPUs only (cpu_logits_product.py)
+        ort_cpu_lm_head_forward_swap=True,  # the default on AMD CPUs only (cpu_head_products.py)
         ort_cpu_lm_head_backward_swap=True,  # the default on AMD CPUs with AVX512 only
     )
     assert trainer.ort_engine_status().backend == "ort"
@@ -193,10 +193,10 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
 def test_the_heads_products_are_ort_s_by_default_where_measured_faster(
     small_chunks, monkeypatch, tmp_path, vendor, capability
 ):
-    """Where each was measured faster (cpu_logits_product.py): the forward product on ORT's MatMul on
+    """Where each was measured faster (cpu_head_products.py): the forward product on ORT's MatMul on
     AMD CPUs, the gradient products on ORT's MatMul and Gemm on AMD CPUs with AVX512; PyTorch's mm on
     the others."""
-    monkeypatch.setattr(cpu_logits_product, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_head_products, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     trainer, _, _ = _train(
         ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=True
@@ -208,10 +208,10 @@ def test_the_heads_products_are_ort_s_by_default_where_measured_faster(
     if (vendor, capability) == ("AuthenticAMD", "AVX512"):
         expected |= {"input_grad", "weight_grad", "weight_grad_add"}
     assert ran == expected
-    assert cpu_logits_product.ort_product_wanted(True, vendor="GenuineIntel")  # the option overrides
-    assert not cpu_logits_product.ort_product_wanted(False, vendor="AuthenticAMD")
-    assert cpu_logits_product.ort_grad_products_wanted(True, vendor="GenuineIntel", capability="AVX512")
-    assert not cpu_logits_product.ort_grad_products_wanted(False, vendor="AuthenticAMD", capability="AVX512")
+    assert cpu_head_products.ort_product_wanted(True, vendor="GenuineIntel")  # the option overrides
+    assert not cpu_head_products.ort_product_wanted(False, vendor="AuthenticAMD")
+    assert cpu_head_products.ort_grad_products_wanted(True, vendor="GenuineIntel", capability="AVX512")
+    assert not cpu_head_products.ort_grad_products_wanted(False, vendor="AuthenticAMD", capability="AVX512")
 
 
 def _fused_loss_proven_for(monkeypatch, names: set[str]) -> None:

@@ -103,7 +103,7 @@ def as_asked_or_on(asked: bool | None, vendors: frozenset[str], vendor: str | No
     return (cpu_vendor() if vendor is None else vendor) in vendors
 
 
-class LogitsProduct:
+class HeadProducts:
     """The head's products on ORT's sessions, for 2-D float32 contiguous CPU tensors, a weight of
     ``(vocab, features)``: ``forward_product(h, weight, out)`` (``out = h @ weight.T``) where ``forward``
     is on, ``input_grad(z, weight, out)`` (``out = z @ weight``) and ``weight_grad(z, h, out,
@@ -164,7 +164,7 @@ def _dims(t: torch.Tensor) -> list[int]:
 
 
 def _graph(product: str, vocab: int, features: int):
-    """The product's ONNX graph: inputs named as :class:`LogitsProduct` binds them, output ``y``."""
+    """The product's ONNX graph: inputs named as :class:`HeadProducts` binds them, output ``y``."""
     from onnx import TensorProto, helper
 
     def value(name, *dims):
