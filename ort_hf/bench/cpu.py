@@ -1,6 +1,10 @@
 """Which CPU a result came from: the same tree gives very different ratios on different CPU kinds
 (an Intel Xeon with AVX512 against an AMD EPYC with AVX2), so every result names its CPU and results
-are kept per CPU kind, side by side. No torch at import: the renderer reads stored records."""
+are kept per CPU kind, side by side. A VM may report only "AMD EPYC" as the model name, for
+generations as far apart as an AVX512 EPYC of /proc/cpuinfo family 25 and one of family 26 (eager's
+MLM step 4.0 s on the first, 2.5 s on the second), so a kind is also told by its CPU family. Records
+written before the family was recorded keep the key they were stored under. No torch at import: the
+renderer reads stored records."""
 
 from __future__ import annotations
 
@@ -15,37 +19,57 @@ _NOISE = re.compile(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$|\b\d+-core\b", re.IG
 _MACHINE = re.compile(r"^(\d+) CPUs \((.*); PyTorch's CPU kernels: (\w+)\)")
 
 
-def model_name() -> str:
-    """The CPU's model name as the kernel reports it (``lscpu``'s "Model name")."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of /proc/cpuinfo's ``field``, None where there is none."""
     info = Path("/proc/cpuinfo")
     if info.exists():
         for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+            name, _, value = line.partition(":")
+            if name.strip() == field:
+                return value.strip()
+    return None
+
+
+def model_name() -> str:
+    """The CPU's model name as the kernel reports it (``lscpu``'s "Model name")."""
+    return _cpuinfo("model name") or platform.processor() or "unknown CPU"
+
+
+def cpu_family() -> int | None:
+    """/proc/cpuinfo's ``cpu family`` (AMD's 25 and 26 are different generations; Intel's is 6)."""
+    family = _cpuinfo("cpu family")
+    return int(family) if family and family.isdigit() else None
 
 
 def cpu_record() -> dict:
     """This machine's CPU: model name, the instruction set PyTorch's CPU kernels dispatch to, cores."""
     import torch
 
-    return make_record(model_name(), torch.backends.cpu.get_cpu_capability(), os.cpu_count() or 1)
+    capability = torch.backends.cpu.get_cpu_capability()
+    return make_record(model_name(), capability, os.cpu_count() or 1, cpu_family())
 
 
-def make_record(model: str, capability: str, cores: int) -> dict:
-    return {"model": model, "capability": capability, "cores": cores, "key": cpu_key(model, capability, cores)}
+def make_record(model: str, capability: str, cores: int, family: int | None = None) -> dict:
+    record = {"model": model, "capability": capability, "cores": cores}
+    if family is not None:
+        record["family"] = family
+    return {**record, "key": cpu_key(model, capability, cores, family)}
 
 
-def cpu_key(model: str, capability: str, cores: int) -> str:
-    """A folder name per CPU kind, e.g. ``amd-epyc-avx2-2cpu``: results of one kind replace only their own."""
+def cpu_key(model: str, capability: str, cores: int, family: int | None = None) -> str:
+    """A folder name per CPU kind, e.g. ``amd-epyc-avx512-family25-2cpu``: results of one kind
+    replace only their own."""
     words = re.findall(r"[a-z0-9]+", _NOISE.sub(" ", model).lower()) or ["cpu"]
-    return "-".join([*words, capability.lower(), f"{cores}cpu"])
+    kind = [capability.lower()] if family is None else [capability.lower(), f"family{family}"]
+    return "-".join([*words, *kind, f"{cores}cpu"])
 
 
 def describe(record: dict) -> str:
-    """One line for a table or a heading: "AMD EPYC, AVX2, 2 cores" ("Intel(R) Xeon(R) Processor @
-    2.50GHz" reads "Intel Xeon")."""
+    """One line for a table or a heading: "AMD EPYC (family 25), AVX512, 2 cores" ("Intel(R) Xeon(R)
+    Processor @ 2.50GHz" reads "Intel Xeon"; a record without a family, "AMD EPYC, AVX2, 2 cores")."""
     model = " ".join(_NOISE.sub(" ", record["model"]).split()) or record["model"]
+    if "family" in record:
+        model = f"{model} (family {record['family']})"
     return f"{model}, {record['capability']}, {record['cores']} cores"
 
 

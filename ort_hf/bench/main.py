@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         default="outputs/bench",
         help="folder of results: this CPU kind's bench.md, bench.json, bench.png, runs/ and logs/ go "
-        "to OUT/<cpu kind>/ (e.g. amd-epyc-avx2-2cpu), beside other kinds' results, and OUT/by-cpu.md "
+        "to OUT/<cpu kind>/ (e.g. amd-epyc-avx512-family25-2cpu), beside other kinds' results, and OUT/by-cpu.md "
         "shows every kind's ratios side by side",
     )
     parser.add_argument(

@@ -49,14 +49,22 @@ def test_this_machines_cpu_record_names_model_capability_and_cores():
     record = cpu_record()
     assert record["capability"] == torch.backends.cpu.get_cpu_capability()
     assert record["cores"] >= 1 and record["model"]
-    assert record["key"] == cpu_key(record["model"], record["capability"], record["cores"])
+    assert record["key"] == cpu_key(record["model"], record["capability"], record["cores"], record.get("family"))
     assert record["capability"].lower() in record["key"]
+    if "family" in record:  # /proc/cpuinfo has one on every x86 Linux
+        assert f"family{record['family']}" in record["key"] and f"(family {record['family']})" in describe(record)
 
 
 def test_cpu_keys_tell_kinds_apart_and_old_results_are_read_from_their_machine_line():
     amd = cpu_key("AMD EPYC", "AVX2", 2)
     intel = cpu_key("Intel(R) Xeon(R) CPU @ 2.20GHz", "AVX512", 2)
     assert amd == "amd-epyc-avx2-2cpu" and intel == "intel-xeon-avx512-2cpu"
+    # A VM that names two AMD generations "AMD EPYC" with the same vector width: the family tells them apart.
+    zen4, zen5 = make_record("AMD EPYC", "AVX512", 2, 25), make_record("AMD EPYC", "AVX512", 2, 26)
+    assert zen4["key"] == "amd-epyc-avx512-family25-2cpu" != zen5["key"]
+    assert describe(zen4) == "AMD EPYC (family 25), AVX512, 2 cores"
+    # A stored record keeps the key it was written under.
+    assert record_of({"cpu": make_record("AMD EPYC", "AVX512", 2)})["key"] == "amd-epyc-avx512-2cpu"
     # What `ort-hf bench` recorded before it wrote a CPU record (docs/results' committed runs).
     old = {"machine": "2 CPUs (AMD EPYC; PyTorch's CPU kernels: AVX2), Linux 6.18.44-fc-v657"}
     assert record_of(old) == make_record("AMD EPYC", "AVX2", 2)
