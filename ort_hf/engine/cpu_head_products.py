@@ -24,7 +24,11 @@ hidden states' in about half the time (188 against 409 ms at 50,257 x 384, 77 ag
 the gradient products on ORT's against on ``mm``, ORT's median step (``scripts/paired_option_steps.py
 --option cpu_lm_head_backward_swap``; ``docs/results/head-grad-products/amd-epyc-avx512-2cpu/``): the
 bench's ``clm`` 861 to 711 ms, ``clm-gpt2`` 1541 to 1113, held-out Llama 6 x 384 1849 to 1622, Mistral
-4 x 512 2093 to 1833, GPT-2 6 x 384 2181 to 1997.
+4 x 512 2093 to 1833, GPT-2 6 x 384 2181 to 1997. That EPYC is of /proc/cpuinfo family 26; on one of
+family 25 with AVX512, where ``mm`` ran a head's weight gradient alone in 1.10x to 1.24x less time
+(``kernel-profiles/amd-epyc-avx512-family25-2cpu/``), the step is still the faster on ORT's:
+``clm`` 1339 to 1215 ms, ``clm-gpt2`` 1915 to 1852
+(``head-grad-products/amd-epyc-avx512-family25-2cpu/``).
 
 The weight's gradient is summed over the chunks: the first chunk's ``Gemm(Z, X, transA=1)`` writes it,
 each later one's ``Gemm(Z, X, G, transA=1)`` adds to it, its output bound to the memory of its input

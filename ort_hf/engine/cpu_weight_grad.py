@@ -21,7 +21,11 @@ step: BERT-base 1658 to 1285 ms, the MiniLM MLM 779 to 698, the hidden-256 Llama
 GPT-2 shape 1143 to 1085; LoRA 200M, whose trained weights are all below the size bound, 1302 to
 1369 (nothing moves there: noise). So the swap is on by default except on AMD CPUs whose PyTorch
 kernels dispatch to AVX512 (:func:`weight_grad_wanted`); Intel's Xeon with AVX512 measured ``mm``
-faster (above, and ``kernel-profiles/intel-xeon-avx512-2cpu/``).
+faster (above, and ``kernel-profiles/intel-xeon-avx512-2cpu/``). Those figures are from an EPYC of
+/proc/cpuinfo family 26; on one of family 25 with AVX512 the two run at close rates (ORT's 89-173
+GFLOP/s, ``mm``'s 97-178; ``kernel-profiles/amd-epyc-avx512-family25-2cpu/``) and ORT's hidden-256
+Llama step took 1134 ms with the default against 1180 with the swap on
+(``weight-grad-default/amd-epyc-avx512-family25-2cpu/``), so the default stays by vendor and width.
 
 In training, every weight of at least 256 x 256 moved against the head's alone (a bench variant
 patched in for the run: ``docs/results/weight-grad-layers/``, its patch and raw results; ``ort-hf
