@@ -57,7 +57,8 @@ def markdown_by_cpu(results: list[tuple[dict, dict]], spec: dict | None = None) 
             "Each column is one CPU kind's `ort-hf bench` (its folder beside this file): samples/s against eager "
             "measured on that CPU, median (per-round range), and the break-even point (the fewest steps from "
             "which the variant's whole run, first step included, is faster than eager's). A ratio holds for "
-            "its CPU kind only."
+            "its CPU kind only. A kind named without its /proc/cpuinfo family was measured before the family "
+            "was recorded (docs/benchmarks.md names it)."
         ),
         "",
     ]
