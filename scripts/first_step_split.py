@@ -279,9 +279,10 @@ def main() -> int:
 
 
 def render(report: dict) -> str:
-    cpu = report["cpu"]
+    from ort_hf.bench.cpu import describe
+
     lines = [
-        f"First step, {cpu['model']}, {cpu['capability']}, {cpu['cores']} cores ({report['date']}, 1-min load "
+        f"First step, {describe(report['cpu'])} ({report['date']}, 1-min load "
         f"{report['load_1min_at_end']:.2f} at the end); seconds as wall clock / CPU time of the process",
         "",
     ]
