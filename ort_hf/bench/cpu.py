@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import platform
 import re
-from pathlib import Path
+
+from .._cpuinfo import cpuinfo_field
 
 # The words of /proc/cpuinfo's model name that do not tell one CPU kind from another.
 _NOISE = re.compile(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$|\b\d+-core\b", re.IGNORECASE)
@@ -20,25 +21,14 @@ _NOISE = re.compile(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$|\b\d+-core\b", re.IG
 _MACHINE = re.compile(r"^(\d+) CPUs \((.*); PyTorch's CPU kernels: (\w+)\)")
 
 
-def _cpuinfo(field: str) -> str | None:
-    """The first value of /proc/cpuinfo's ``field``, None where there is none."""
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == field:
-                return value.strip()
-    return None
-
-
 def model_name() -> str:
     """The CPU's model name as the kernel reports it (``lscpu``'s "Model name")."""
-    return _cpuinfo("model name") or platform.processor() or "unknown CPU"
+    return cpuinfo_field("model name") or platform.processor() or "unknown CPU"
 
 
 def cpu_family() -> int | None:
     """/proc/cpuinfo's ``cpu family`` (AMD's 25 and 26 are different generations; Intel's is 6)."""
-    family = _cpuinfo("cpu family")
+    family = cpuinfo_field("cpu family")
     return int(family) if family and family.isdigit() else None
 
 

@@ -53,9 +53,10 @@ from __future__ import annotations
 
 import threading
 from functools import cache
-from pathlib import Path
 
 import torch
+
+from .._cpuinfo import cpuinfo_field
 
 # /proc/cpuinfo's vendor_id of the CPUs where the forward product was measured faster on ORT's MatMul
 ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
@@ -68,13 +69,7 @@ ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
 @cache
 def cpu_vendor() -> str:
     """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), "" where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id") or ""
 
 
 def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
