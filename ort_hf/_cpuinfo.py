@@ -18,3 +18,9 @@ def cpuinfo_field(field: str) -> str | None:
         if name.strip() == field:
             return value.strip()
     return None
+
+
+def cpu_family() -> int | None:
+    """/proc/cpuinfo's ``cpu family`` (AMD's 25 and 26 are different generations; Intel's is 6)."""
+    family = cpuinfo_field("cpu family")
+    return int(family) if family and family.isdigit() else None

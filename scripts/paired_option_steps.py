@@ -70,7 +70,11 @@ def _collate(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", required=True, help="an ort-hf bench workload (mlm, clm, lora-200m, ...)")
-    parser.add_argument("--option", required=True, help="an ORTOptions switch, without ort_ (cpu_linear_product_swap)")
+    parser.add_argument(
+        "--option",
+        required=True,
+        help="an ORTOptions switch, without ort_ (cpu_linear_product_swap); several, comma-separated, switch together",
+    )
     parser.add_argument("--calls", type=int, default=4, help="train() calls per side (default 4)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per call (default 5)")
     parser.add_argument("--threads", type=int, default=2)
@@ -123,7 +127,7 @@ def main() -> None:
             dataloader_num_workers=0,
             ort_fallback="disable",
             ort_intra_op_threads=args.threads,
-            **{f"ort_{args.option}": value},
+            **{f"ort_{name}": value for name in args.option.split(",")},
         )
         clock = Clock()
         trainer = ORTTrainer(

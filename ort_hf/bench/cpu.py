@@ -13,7 +13,7 @@ import os
 import platform
 import re
 
-from .._cpuinfo import cpuinfo_field
+from .._cpuinfo import cpu_family, cpuinfo_field
 
 # The words of /proc/cpuinfo's model name that do not tell one CPU kind from another.
 _NOISE = re.compile(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$|\b\d+-core\b", re.IGNORECASE)
@@ -24,12 +24,6 @@ _MACHINE = re.compile(r"^(\d+) CPUs \((.*); PyTorch's CPU kernels: (\w+)\)")
 def model_name() -> str:
     """The CPU's model name as the kernel reports it (``lscpu``'s "Model name")."""
     return cpuinfo_field("model name") or platform.processor() or "unknown CPU"
-
-
-def cpu_family() -> int | None:
-    """/proc/cpuinfo's ``cpu family`` (AMD's 25 and 26 are different generations; Intel's is 6)."""
-    family = cpuinfo_field("cpu family")
-    return int(family) if family and family.isdigit() else None
 
 
 def cpu_record() -> dict:

@@ -39,7 +39,8 @@ _LAZY = {
     "first_batch_memo": "check_memo",
     "HeadProducts": "cpu_head_products",
     "ort_product_wanted": "cpu_head_products",
-    "ort_grad_products_wanted": "cpu_head_products",
+    "ort_input_grad_wanted": "cpu_head_products",
+    "ort_weight_grad_wanted": "cpu_head_products",
     "fused_loss_proven": "proven",
 }
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (nothing is impo
     # ruff: noqa: F401 (each is in __all__, through _LAZY)
     from .check_memo import first_batch_memo
     from .compat import loss_as_trainer_returns
-    from .cpu_head_products import HeadProducts, ort_grad_products_wanted, ort_product_wanted
+    from .cpu_head_products import HeadProducts, ort_input_grad_wanted, ort_product_wanted, ort_weight_grad_wanted
     from .cuda import CudaSetup, cuda_setup, driver_present, gpu_arch_note, provider_library
     from .cuda_jit import apply_jit_environment, describe_jit_environment, first_step_note
     from .export import INFERENCE_OPSET, export_inference_onnx

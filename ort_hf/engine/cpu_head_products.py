@@ -1,8 +1,8 @@
 """The fused chunked LM head's products (``module_with_loss/chunked_lm_loss.py``) on ORT's CPU
 MatMul and Gemm (MLAS) instead of PyTorch's ``mm`` (MKL), on the CPUs where MKL runs them more slowly:
-the forward product ``X W^T`` on AMD's (:func:`ort_product_wanted`), the two gradient products, the
-hidden states' ``Z W`` and the weight's ``Z^T X`` (``Z``: a chunk's softmax gradient), on AMD's with
-AVX512 (:func:`ort_grad_products_wanted`).
+the forward product ``X W^T`` on AMD's (:func:`ort_product_wanted`), the hidden states' gradient
+``Z W`` (``Z``: a chunk's softmax gradient) on AMD's with AVX512 (:func:`ort_input_grad_wanted`), the
+weight's ``Z^T X`` on AMD's with AVX512 of /proc/cpuinfo family 26 (:func:`ort_weight_grad_wanted`).
 
 ``scripts/weight_grad_microbench.py --products forward-and-input-grad`` timed the forward product
 over 2,048 rows (``docs/results/kernel-profiles/<cpu>/forward-and-input-grad.json``):
@@ -56,14 +56,17 @@ from functools import cache
 
 import torch
 
-from .._cpuinfo import cpuinfo_field
+from .._cpuinfo import cpu_family, cpuinfo_field
 
 # /proc/cpuinfo's vendor_id of the CPUs where the forward product was measured faster on ORT's MatMul
 ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
 # (/proc/cpuinfo's vendor_id, torch.backends.cpu.get_cpu_capability()) of the CPUs where ORT's Gemm
-# was measured faster than PyTorch's mm at the weights' gradients (the layers' ones: cpu_weight_grad.py;
-# the head's: the module docstring)
+# was measured faster than PyTorch's mm at the layers' weight gradients (cpu_weight_grad.py), and ORT's
+# MatMul at the head's hidden-state gradient (the module docstring)
 ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
+# (vendor_id, capability, /proc/cpuinfo's cpu family) of the CPUs where ORT's Gemm was measured faster
+# than mm at the head's weight gradient: not family 25's AVX512 EPYC (the module docstring)
+ORT_HEAD_WEIGHT_GRAD_CPUS = frozenset({("AuthenticAMD", "AVX512", 26)})
 
 
 @cache
@@ -79,11 +82,24 @@ def ort_product_wanted(asked: bool | None, vendor: str | None = None) -> bool:
     return as_asked_or_on(asked, ORT_PRODUCT_VENDORS, vendor)
 
 
-def ort_grad_products_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
-    """Whether the head's two gradient products run on ORT's MatMul and Gemm: as ``asked``
-    (``ORTOptions.cpu_lm_head_backward_swap``), else on the CPUs of :data:`ORT_GEMM_CPUS` (AMD's with
+def ort_input_grad_wanted(asked: bool | None, vendor: str | None = None, capability: str | None = None) -> bool:
+    """Whether the head's hidden-state gradient ``Z W`` runs on ORT's MatMul: as ``asked``
+    (``ORTOptions.cpu_lm_head_input_grad_swap``), else on the CPUs of :data:`ORT_GEMM_CPUS` (AMD's with
     AVX512; the module docstring); elsewhere on PyTorch's ``mm``, as eager."""
     return on_ort_gemm_cpu(vendor, capability) if asked is None else asked
+
+
+def ort_weight_grad_wanted(
+    asked: bool | None, vendor: str | None = None, capability: str | None = None, family: int | None = None
+) -> bool:
+    """Whether the head's weight gradient ``Z^T X`` runs on ORT's Gemm: as ``asked``
+    (``ORTOptions.cpu_lm_head_weight_grad_swap``), else on the CPUs of :data:`ORT_HEAD_WEIGHT_GRAD_CPUS`
+    (``family``: default /proc/cpuinfo's); elsewhere on PyTorch's ``mm``, as eager."""
+    if asked is not None:
+        return asked
+    vendor = cpu_vendor() if vendor is None else vendor
+    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return (vendor, capability, cpu_family() if family is None else family) in ORT_HEAD_WEIGHT_GRAD_CPUS
 
 
 def on_ort_gemm_cpu(vendor: str | None = None, capability: str | None = None) -> bool:
@@ -105,30 +121,35 @@ def as_asked_or_on(asked: bool | None, vendors: frozenset[str], vendor: str | No
 class HeadProducts:
     """The head's products on ORT's sessions, for 2-D float32 contiguous CPU tensors, a weight of
     ``(vocab, features)``: ``forward_product(h, weight, out)`` (``out = h @ weight.T``) where ``forward``
-    is on, ``input_grad(z, weight, out)`` (``out = z @ weight``) and ``weight_grad(z, h, out,
-    accumulate)`` (``out = z.T @ h``, or ``out += z.T @ h``) where ``grads`` is on. Each returns whether
-    it ran; where it did not (switched off, or tensors it cannot take as they are), the caller runs
-    PyTorch's ``mm``."""
+    is on, ``input_grad(z, weight, out)`` (``out = z @ weight``) where ``input_grad`` is, and
+    ``weight_grad(z, h, out, accumulate)`` (``out = z.T @ h``, or ``out += z.T @ h``) where
+    ``weight_grad`` is. Each returns whether it ran; where it did not (switched off, or tensors it cannot
+    take as they are), the caller runs PyTorch's ``mm``."""
 
-    def __init__(self, threads: int, forward: bool = True, grads: bool = False):
+    def __init__(self, threads: int, forward: bool = True, input_grad: bool = False, weight_grad: bool = False):
         self.threads = max(1, threads)
-        self.forward, self.grads = forward, grads
+        self.forward, self.input_grads, self.weight_grads = forward, input_grad, weight_grad
         self._sessions: dict[tuple[str, int, int], object] = {}  # by (product, vocab, features)
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
         """Its key in the fused loss's ``PRODUCTS``; in the module's repr, so in the export cache's key."""
-        return f"ort_threads_{self.threads}" + "_forward" * self.forward + "_grads" * self.grads
+        return (
+            f"ort_threads_{self.threads}"
+            + "_forward" * self.forward
+            + "_input_grad" * self.input_grads
+            + "_weight_grad" * self.weight_grads
+        )
 
     def forward_product(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
         return self.forward and self._run("forward", weight.shape, {"x": h, "w": weight}, out)
 
     def input_grad(self, z: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
-        return self.grads and self._run("input_grad", weight.shape, {"z": z, "w": weight}, out)
+        return self.input_grads and self._run("input_grad", weight.shape, {"z": z, "w": weight}, out)
 
     def weight_grad(self, z: torch.Tensor, h: torch.Tensor, out: torch.Tensor, accumulate: bool) -> bool:
-        if not self.grads:
+        if not self.weight_grads:
             return False
         if accumulate:  # out is the Gemm's C as well as its Y: the module docstring
             return self._run("weight_grad_add", out.shape, {"z": z, "x": h, "g": out}, out)

@@ -266,12 +266,17 @@ class ORTOptions:
         "faster on a vocabulary's weight, off on the others (an Intel Xeon's mm was faster) "
         "(engine/cpu_head_products.py).",
     )
-    cpu_lm_head_backward_swap: bool | None = _opt(
+    cpu_lm_head_input_grad_swap: bool | None = _opt(
         None,
-        "CPU: run the fused chunked LM head's two gradient products (the hidden states' and the "
-        "weight's, --ort_chunked_lm_loss) on ORT's MatMul and Gemm instead of PyTorch's mm; same "
-        "products. Default: on AMD CPUs with AVX512, where they were measured faster, off on the others "
-        "(engine/cpu_head_products.py).",
+        "CPU: run the fused chunked LM head's hidden-state gradient product (--ort_chunked_lm_loss) on "
+        "ORT's MatMul instead of PyTorch's mm; same product. Default: on AMD CPUs with AVX512, where it "
+        "was measured faster, off on the others (engine/cpu_head_products.py).",
+    )
+    cpu_lm_head_weight_grad_swap: bool | None = _opt(
+        None,
+        "CPU: run the fused chunked LM head's weight-gradient product (--ort_chunked_lm_loss) on ORT's "
+        "Gemm instead of PyTorch's mm; same product. Default: on AMD CPUs with AVX512 of /proc/cpuinfo "
+        "family 26, where it was measured faster, off on the others (engine/cpu_head_products.py).",
     )
     cpu_cross_entropy_swap: bool = _opt(
         True,

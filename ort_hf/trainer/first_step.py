@@ -17,8 +17,9 @@ from ..engine import (
     HeadProducts,
     first_batch_memo,
     fused_loss_proven,
-    ort_grad_products_wanted,
+    ort_input_grad_wanted,
     ort_product_wanted,
+    ort_weight_grad_wanted,
 )
 from ..module_with_loss import ModuleWithLoss
 from ..module_with_loss.chunked_head import chunked_head_refusal, fused_in_graph
@@ -90,18 +91,24 @@ def _place_dense_loss(module, inputs: dict, density: float, args, pythonop: bool
         weakref.finalize(module, release_spare_buffer).atexit = False  # the chunk buffer it keeps
         on_cpu = next(module.parameters()).device.type == "cpu"
         forward = on_cpu and ort_product_wanted(args.ort_cpu_lm_head_forward_swap)
-        grads = on_cpu and ort_grad_products_wanted(args.ort_cpu_lm_head_backward_swap)
-        if forward or grads:
-            products = HeadProducts(module.head_threads, forward=forward, grads=grads)
+        input_grad = on_cpu and ort_input_grad_wanted(args.ort_cpu_lm_head_input_grad_swap)
+        weight_grad = on_cpu and ort_weight_grad_wanted(args.ort_cpu_lm_head_weight_grad_swap)
+        if forward or input_grad or weight_grad:
+            products = HeadProducts(
+                module.head_threads, forward=forward, input_grad=input_grad, weight_grad=weight_grad
+            )
             module.head_product = products.name
             PRODUCTS.setdefault(products.name, products)
+        mm = "PyTorch's mm"
         logger.info(
             "ort_hf: label density %.1f%% (first batch): the LM head's projection and the cross-entropy "
             "run fused, in row chunks, inside the ORT graph (--ort_chunked_lm_loss), its forward product on "
-            "%s (--ort_cpu_lm_head_forward_swap), its gradient products on %s (--ort_cpu_lm_head_backward_swap).",
+            "%s (--ort_cpu_lm_head_forward_swap), its hidden-state gradient on %s "
+            "(--ort_cpu_lm_head_input_grad_swap), its weight gradient on %s (--ort_cpu_lm_head_weight_grad_swap).",
             100 * density,
-            "ORT's MatMul" if forward else "PyTorch's mm",
-            "ORT's MatMul and Gemm" if grads else "PyTorch's mm",
+            "ORT's MatMul" if forward else mm,
+            "ORT's MatMul" if input_grad else mm,
+            "ORT's Gemm" if weight_grad else mm,
         )
         return
     logger.info(

@@ -89,7 +89,7 @@ class ORTTrainingArguments(TrainingArguments):
             "help": "With ModuleWithLoss and dense causal-LM labels (--ort_loss_in_graph auto, label sparsity "
             "with nothing to drop), compute the LM head's projection and the cross-entropy fused, in row chunks, "
             "inside the ORT graph (a PythonOp; its products' library: --ort_cpu_lm_head_forward_swap, "
-            "--ort_cpu_lm_head_backward_swap): no full logits, none crossing to PyTorch. Used where the first "
+            "--ort_cpu_lm_head_input_grad_swap, --ort_cpu_lm_head_weight_grad_swap): no full logits, none crossing to PyTorch. Used where the first "
             "batch shows the model's logits are its head's projection of its backbone's hidden states (float32, "
             "no PEFT); otherwise the loss runs in PyTorch from ORT's logits. Default: on for the model classes "
             "the architecture sweep proved exact with it (ort_hf/engine/proven_architectures.json, "
@@ -183,7 +183,8 @@ class ORTTrainingArguments(TrainingArguments):
     ort_cpu_linear_product_swap: bool | None = _ort("cpu_linear_product_swap")
     ort_cpu_linear_product_min_dim: int = _ort("cpu_linear_product_min_dim")
     ort_cpu_lm_head_forward_swap: bool | None = _ort("cpu_lm_head_forward_swap")
-    ort_cpu_lm_head_backward_swap: bool | None = _ort("cpu_lm_head_backward_swap")
+    ort_cpu_lm_head_input_grad_swap: bool | None = _ort("cpu_lm_head_input_grad_swap")
+    ort_cpu_lm_head_weight_grad_swap: bool | None = _ort("cpu_lm_head_weight_grad_swap")
     ort_cpu_cross_entropy_swap: bool = _ort("cpu_cross_entropy_swap")
     ort_preflight: str = _ort("preflight")
 

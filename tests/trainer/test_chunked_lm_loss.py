@@ -26,17 +26,22 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked_lm_loss, "CHUNK_ELEMENTS", 300)
 
 
-@pytest.mark.parametrize(
-    "product", [None, "ort", "ort-grads", "ort-all"], ids=["mm", "ort-forward", "ort-grads", "ort-all"]
-)
+ON_ORT = {  # the products on the engine's ORT sessions: (forward, input_grad, weight_grad)
+    None: (False, False, False),
+    "ort-forward": (True, False, False),
+    "ort-input-grad": (False, True, False),
+    "ort-weight-grad": (False, False, True),
+    "ort-all": (True, True, True),
+}
+
+
+@pytest.mark.parametrize("product", list(ON_ORT), ids=["mm", *list(ON_ORT)[1:]])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, monkeypatch, with_bias, product):
-    """The products on PyTorch's mm, or on the engine's ORT sessions: the forward (no bias), the two
-    gradient products (the weight's summed over seven chunks in place), or all three."""
-    forward, grads = {None: (False, False), "ort": (True, False), "ort-grads": (False, True), "ort-all": (True, True)}[
-        product
-    ]
-    ort_product = HeadProducts(threads=2, forward=forward, grads=grads)
+    """The products on PyTorch's mm, or on the engine's ORT sessions: the forward (no bias), the
+    hidden states' gradient, the weight's (summed over seven chunks in place), or all three."""
+    forward, input_grad, weight_grad = ON_ORT[product]
+    ort_product = HeadProducts(threads=2, forward=forward, input_grad=input_grad, weight_grad=weight_grad)
     monkeypatch.setitem(chunked_lm_loss.PRODUCTS, product, ort_product)
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(20, 8, generator=g, requires_grad=True)
@@ -60,8 +65,10 @@ def test_fused_loss_and_gradients_equal_linear_then_cross_entropy(small_chunks, 
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert results[1][1][[0, 7, 19]].abs().max() == 0  # ignored rows get no gradient
     ran = {key[0] for key in ort_product._sessions}  # the products ORT's sessions ran
-    expected = ({"forward"} if forward and not with_bias else set()) | (
-        {"input_grad", "weight_grad", "weight_grad_add"} if grads else set()
+    expected = (
+        ({"forward"} if forward and not with_bias else set())
+        | ({"input_grad"} if input_grad else set())
+        | ({"weight_grad", "weight_grad_add"} if weight_grad else set())
     )
     assert ran == expected
 
@@ -172,7 +179,8 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
         family,
         ort_chunked_lm_loss=True,
         ort_cpu_lm_head_forward_swap=True,  # the default on AMD CPUs only (cpu_head_products.py)
-        ort_cpu_lm_head_backward_swap=True,  # the default on AMD CPUs with AVX512 only
+        ort_cpu_lm_head_input_grad_swap=True,  # the default on AMD CPUs with AVX512 only
+        ort_cpu_lm_head_weight_grad_swap=True,  # the default on those of family 26 only
     )
     assert trainer.ort_engine_status().backend == "ort"
     logged = next(h for h in trainer.state.log_history if "ort/chunked_lm_loss" in h)
@@ -188,15 +196,22 @@ def test_trainer_with_accumulation_trains_the_models_own_loss(small_chunks, tmp_
 
 
 @pytest.mark.parametrize(
-    "vendor, capability", [("AuthenticAMD", "AVX512"), ("AuthenticAMD", "AVX2"), ("GenuineIntel", "AVX512")]
+    "vendor, capability, family",
+    [
+        ("AuthenticAMD", "AVX512", 26),
+        ("AuthenticAMD", "AVX512", 25),
+        ("AuthenticAMD", "AVX2", 25),
+        ("GenuineIntel", "AVX512", 6),
+    ],
 )
 def test_the_heads_products_are_ort_s_by_default_where_measured_faster(
-    small_chunks, monkeypatch, tmp_path, vendor, capability
+    small_chunks, monkeypatch, tmp_path, vendor, capability, family
 ):
     """Where each was measured faster (cpu_head_products.py): the forward product on ORT's MatMul on
-    AMD CPUs, the gradient products on ORT's MatMul and Gemm on AMD CPUs with AVX512; PyTorch's mm on
-    the others."""
+    AMD CPUs, the hidden states' gradient on ORT's MatMul on AMD CPUs with AVX512, the weight's on
+    ORT's Gemm on those of family 26; PyTorch's mm on the others."""
     monkeypatch.setattr(cpu_head_products, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_head_products, "cpu_family", lambda: family)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     trainer, _, _ = _train(
         ORTTrainer, ORTTrainingArguments, tmp_path, "gpt2-clm", max_steps=1, ort_chunked_lm_loss=True
@@ -206,12 +221,16 @@ def test_the_heads_products_are_ort_s_by_default_where_measured_faster(
     ran = {key[0] for key in chunked_lm_loss.PRODUCTS[product]._sessions} if product else set()
     expected = {"forward"} if vendor == "AuthenticAMD" else set()  # else on mm
     if (vendor, capability) == ("AuthenticAMD", "AVX512"):
-        expected |= {"input_grad", "weight_grad", "weight_grad_add"}
+        expected |= {"input_grad"}
+        if family == 26:
+            expected |= {"weight_grad", "weight_grad_add"}
     assert ran == expected
-    assert cpu_head_products.ort_product_wanted(True, vendor="GenuineIntel")  # the option overrides
+    assert cpu_head_products.ort_product_wanted(True, vendor="GenuineIntel")  # the options override
     assert not cpu_head_products.ort_product_wanted(False, vendor="AuthenticAMD")
-    assert cpu_head_products.ort_grad_products_wanted(True, vendor="GenuineIntel", capability="AVX512")
-    assert not cpu_head_products.ort_grad_products_wanted(False, vendor="AuthenticAMD", capability="AVX512")
+    assert cpu_head_products.ort_input_grad_wanted(True, vendor="GenuineIntel", capability="AVX512")
+    assert not cpu_head_products.ort_input_grad_wanted(False, vendor="AuthenticAMD", capability="AVX512")
+    assert cpu_head_products.ort_weight_grad_wanted(True, vendor="GenuineIntel", capability="AVX512", family=6)
+    assert not cpu_head_products.ort_weight_grad_wanted(False, vendor="AuthenticAMD", capability="AVX512", family=26)
 
 
 def _fused_loss_proven_for(monkeypatch, names: set[str]) -> None:
