@@ -22,13 +22,18 @@ in ORT at every vocabulary. On a 2-core AMD EPYC with AVX512 ORT's are faster at
 hidden states' in about half the time (188 against 409 ms at 50,257 x 384, 77 against 173 at 30,522 x
 256), the weight's in 12% to 33% less time but at 32,768 x 512 (402 against 372). In training there,
 the gradient products on ORT's against on ``mm``, ORT's median step (``scripts/paired_option_steps.py
---option cpu_lm_head_backward_swap``; ``docs/results/head-grad-products/amd-epyc-avx512-2cpu/``): the
-bench's ``clm`` 861 to 711 ms, ``clm-gpt2`` 1541 to 1113, held-out Llama 6 x 384 1849 to 1622, Mistral
-4 x 512 2093 to 1833, GPT-2 6 x 384 2181 to 1997. That EPYC is of /proc/cpuinfo family 26; on one of
-family 25 with AVX512, where ``mm`` ran a head's weight gradient alone in 1.10x to 1.24x less time
-(``kernel-profiles/amd-epyc-avx512-family25-2cpu/``), the step is still the faster on ORT's:
-``clm`` 1339 to 1215 ms, ``clm-gpt2`` 1915 to 1852
-(``head-grad-products/amd-epyc-avx512-family25-2cpu/``).
+--option cpu_lm_head_input_grad_swap,cpu_lm_head_weight_grad_swap``;
+``docs/results/head-grad-products/amd-epyc-avx512-2cpu/``): the bench's ``clm`` 861 to 711 ms,
+``clm-gpt2`` 1541 to 1113, held-out Llama 6 x 384 1849 to 1622, Mistral 4 x 512 2093 to 1833, GPT-2
+6 x 384 2181 to 1997. That EPYC is of /proc/cpuinfo family 26. On one of family 25 with AVX512 the
+two together are also the faster on ORT's (``clm`` 1339 to 1215 ms, ``clm-gpt2`` 1915 to 1852;
+``head-grad-products/amd-epyc-avx512-family25-2cpu/``), but ``mm`` runs a head's weight gradient
+alone in 1.10x to 1.24x less time (``kernel-profiles/amd-epyc-avx512-family25-2cpu/``), and in
+training the weight's alone on ``mm`` is level or faster: ORT's median step 1258 to 1245 ms on
+``clm``, 1952 to 1932 on ``clm-gpt2``, 2583 to 2479 on the held-out Llama, 3063 to 3051 on the
+held-out GPT-2 (``--option cpu_lm_head_weight_grad_swap``;
+``head-weight-grad/amd-epyc-avx512-family25-2cpu/``). So the weight's runs on ORT's Gemm on family
+26 only, where it was measured faster; an AMD AVX512 family not measured gets ``mm``.
 
 The weight's gradient is summed over the chunks: the first chunk's ``Gemm(Z, X, transA=1)`` writes it,
 each later one's ``Gemm(Z, X, G, transA=1)`` adds to it, its output bound to the memory of its input
