@@ -3,7 +3,7 @@ where ORT's CPU node time goes, the ground for the kernel swaps of ``engine/cpu_
 
 Each family is a model built in code at tiny-but-realistic widths (hidden 256, 2 layers, 4 for the
 encoders, its real vocabulary), the dropout it ships with, random token ids: causal LMs at batch 8 x
-256, classifiers at 16 x 128, seq2seq at 16 x 128 with 64 target tokens; 4 steps with
+256, classifiers at 16 x 128, seq2seq at 16 x 128 with 64 target tokens; 4 steps (``--steps``) with
 ``--ort_profile_dir``. One process a family:
 
     python scripts/kernel_profiles.py llama bert t5 --out_dir docs/results/kernel-profiles/<cpu key> [--tag after]
@@ -14,6 +14,7 @@ encoders, its real vocabulary), the dropout it ships with, random token ids: cau
     python scripts/kernel_profiles.py --model_dir ... --tag chunked --on chunked_lm_loss
     python scripts/kernel_profiles.py --bench_workload clm --out_dir ...          # ort-hf bench's model
     python scripts/kernel_profiles.py --bench_workload clm --eager --out_dir ...  # the same, PyTorch's run
+    python scripts/kernel_profiles.py --model_dir ... --steps 8 --by_run --tag by-run  # and each graph run's
 
 writes ``<family>-<tag>.txt``: ORT's node time by op type, largest first (the shares hold on a busy
 machine better than the times, since every kernel is slowed alike); with ``--eager``, PyTorch's own
@@ -153,6 +154,7 @@ def _train(
     on: list[str] = (),
     bench_workload: str | None = None,
     eager: bool = False,
+    steps: int = 4,
 ) -> None:
     """One profiled run (in its own process); ``model_dir``: a causal or masked LM's folder instead of a
     family; ``bench_workload``: ort-hf bench's model of that workload; ``eager``: PyTorch's run, under
@@ -184,7 +186,7 @@ def _train(
     masked_rows = torch.Generator().manual_seed(1)
     g = torch.Generator().manual_seed(0)
     rows = []
-    for _ in range(batch * 5):
+    for _ in range(batch * (steps + 1)):
         ids = torch.randint(3, config.vocab_size, (seq,), generator=g)
         row = {"input_ids": ids, "attention_mask": torch.ones(seq, dtype=torch.long)}
         if task == "clm":
@@ -215,7 +217,7 @@ def _train(
         args = args_cls(
             output_dir=out,
             per_device_train_batch_size=batch,
-            max_steps=4,
+            max_steps=steps,
             report_to=[],
             save_strategy="no",
             **(
@@ -248,6 +250,15 @@ def eager_summary(averages, top: int = 25) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _op_name(event: dict) -> str:
+    """A node event's op type; ATen nodes by the kernel they call where ``summary`` says."""
+    op = event["args"].get("op_name")
+    kernel = event["name"].removesuffix("_kernel_time").rsplit("/", 1)[-1]
+    if op == "ATen" and (kernel in SWAP_KERNELS or kernel.startswith("ort_hf_")):
+        op = f"ATen:{kernel}"
+    return op
+
+
 def summary(profile: Path, top: int = 25) -> str:
     """ORT's node time by op type, largest first; ATen nodes by the kernel they call (the last part
     of their name: ``cpu_kernel_swaps`` names each after its kernel, ``ort_hf_...`` for ort_hf's own;
@@ -256,16 +267,34 @@ def summary(profile: Path, top: int = 25) -> str:
     by_op, calls = collections.Counter(), collections.Counter()
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            op = event["args"].get("op_name")
-            kernel = event["name"].removesuffix("_kernel_time").rsplit("/", 1)[-1]
-            if op == "ATen" and (kernel in SWAP_KERNELS or kernel.startswith("ort_hf_")):
-                op = f"ATen:{kernel}"
+            op = _op_name(event)
             by_op[op] += event["dur"]
             calls[op] += 1
     total = sum(by_op.values())
     lines = [f"total node us {total}"]
     for op, us in by_op.most_common(top):
         lines.append(f"{op:40s} {us / total * 100:5.1f}% {us / 1e3:9.1f}ms n={calls[op]}")
+    return "\n".join(lines) + "\n"
+
+
+def by_run(profile: Path, top: int = 6) -> str:
+    """ORT's node time in each run of the graph (each ``SequentialExecutor::Execute``: a step's forward,
+    then its backward), by op type, the ``top`` largest: how a kernel's time moves from step to step."""
+    events = json.loads(profile.read_text())
+    runs = sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"].endswith("::Execute")
+    )
+    by_op = [collections.Counter() for _ in runs]
+    for event in events:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        run = next((i for i, (start, end) in enumerate(runs) if start <= event["ts"] <= end), None)
+        if run is not None:
+            by_op[run][_op_name(event)] += event["dur"]
+    lines = ["", "node ms by graph run (forward and backward alternate, from the first step)"]
+    for i, ops in enumerate(by_op):
+        cells = ", ".join(f"{op} {us / 1e3:.0f}" for op, us in ops.most_common(top))
+        lines.append(f"run {i}: total {sum(ops.values()) / 1e3:.0f}: {cells}")
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +314,10 @@ def main() -> None:
     parser.add_argument("--off", nargs="*", default=[], help="ORTOptions switches to turn off (the 'before' runs)")
     parser.add_argument("--on", nargs="*", default=[], help="ORTOptions switches to turn on (e.g. chunked_lm_loss)")
     parser.add_argument("--profile_dir", help="keep ORT's raw profiles here (default: a temporary folder)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps to profile (default 4)")
+    parser.add_argument(
+        "--by_run", action="store_true", help="also ORT's node time of each graph run (forward, backward) by op type"
+    )
     parser.add_argument("--_run", help=argparse.SUPPRESS)  # internal: the one-family child process
     args = parser.parse_args()
     unknown = sorted(set(args.families) - set(FAMILIES))
@@ -292,7 +325,17 @@ def main() -> None:
         parser.error(f"name families from {', '.join(FAMILIES)} (not {unknown}), --model_dir or --bench_workload")
     if args._run:
         family = args.families[0] if args.families else ""
-        _train(family, args._run, args.off, args.model_dir, args.shape, args.on, args.bench_workload, args.eager)
+        _train(
+            family,
+            args._run,
+            args.off,
+            args.model_dir,
+            args.shape,
+            args.on,
+            args.bench_workload,
+            args.eager,
+            args.steps,
+        )
         return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,6 +345,7 @@ def main() -> None:
     extra += (["--bench_workload", args.bench_workload] if args.bench_workload else []) + (
         ["--eager"] if args.eager else []
     )
+    extra += ["--steps", str(args.steps)]
     named = [f"bench-{args.bench_workload}"] if args.bench_workload else []
     for family in named or ([Path(args.model_dir).name] if args.model_dir else args.families):
         with tempfile.TemporaryDirectory() as tmp:
@@ -313,7 +357,8 @@ def main() -> None:
             if args.eager:
                 text = Path(profile_dir, "eager.txt").read_text()
             else:  # the training session's profile
-                text = summary(max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size))
+                profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)
+                text = summary(profile) + (by_run(profile) if args.by_run else "")
         (out / f"{family}-{args.tag}.txt").write_text(text)
         print(f"== {family} ({args.tag})\n{text}", flush=True)
 
