@@ -658,13 +658,14 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
 
 
 def release_kernel_buffers() -> None:
-    """Drop the buffers ort_hf's embedding-, softmax-, cross-entropy- and weight-gradient kernels keep
-    for reuse (a model is gone)."""
+    """Drop the buffers ort_hf's embedding-, softmax-, RMSNorm-, cross-entropy- and weight-gradient
+    kernels keep for reuse (a model is gone)."""
     import torch
 
     for release in (
         "release_embedding_grad_buffers",
         "release_softmax_grad_buffers",
+        "release_rms_norm_grad_buffers",
         "release_cross_entropy_grad_buffers",
         "release_weight_grad_buffers",
     ):

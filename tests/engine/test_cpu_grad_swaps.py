@@ -202,3 +202,27 @@ def test_a_large_softmax_gradient_reuses_a_released_buffer(aten_nodes_run):
     for got in (held, again):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     release_kernel_buffers()
+
+
+def test_an_rms_norm_gradient_from_1_mib_reuses_a_released_buffer(aten_nodes_run):
+    # 1 MiB and more: written into a kept buffer once nothing holds it (csrc/cpu_rms_norm_grad.cpp)
+    from ort_hf.engine.cpu_kernel_swaps import release_kernel_buffers
+
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(1024, 576, generator=g), torch.randn(1024, 576, generator=g)
+    w, rstd = torch.randn(576, generator=g), torch.rand(1024, 1, generator=g) + 0.5
+    want = torch.ops.ort_hf.rms_norm_backward(dy, x, w, rstd)  # a buffer of its own, held here
+    first, _ = torch.ops.ort_hf.rms_norm_backward(dy, x, w, rstd)
+    kept = first.data_ptr()
+    assert kept != want[0].data_ptr()
+    first.fill_(float("nan"))
+    del first
+    other = torch.empty(x.shape)  # would get the freed block, were it not kept
+    assert other.data_ptr() != kept
+    again, dw = torch.ops.ort_hf.rms_norm_backward(dy, x, w, rstd)
+    assert again.data_ptr() == kept
+    torch.testing.assert_close(again, want[0], rtol=0, atol=0)
+    torch.testing.assert_close(dw, want[1], rtol=0, atol=0)
+    expected_dx = rstd * w * dy - x * rstd**3 * (dy * w * x).sum(-1, keepdim=True) / 576
+    torch.testing.assert_close(again, expected_dx, rtol=1e-5, atol=1e-5)
+    release_kernel_buffers()

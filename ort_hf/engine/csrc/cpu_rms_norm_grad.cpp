@@ -9,11 +9,20 @@
 //   dx = rstd * w * dy - x * rstd^3 * sum(dy * w * x) / H
 // and dw = sum over rows of dy * x * rstd: summed in float over blocks of rows, the blocks'
 // sums in double, so that its rounding does not grow with the number of rows.
+//
+// dx from 1 MiB up is written into a buffer kept from an earlier call (kept_buffers.h), well below
+// the 32 MiB kept_buffers.h keeps from by default: inside ORT's backward, a dx on memory malloc's
+// heap hands out again was written two to three times slower from the second step on than the
+// same kernel runs outside ORT, and one on a kept buffer, written every step, is not (the SmolLM2
+// shape's 60 of them a backward: 334-446 ms against 88-114 on a 2-core AMD EPYC of family 25;
+// docs/results/kernel-profiles/amd-epyc-avx512-family25-2cpu/).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
+
+#include "kept_buffers.h"
 
 #include <tuple>
 #include <vector>
@@ -22,6 +31,7 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kBlockRows = 64;  // rows summed in float before their sum joins dw's double sum
+ort_hf::KeptBuffers g_buffers(8, 1 << 20);  // a norm's gradient is consumed by the next node
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& input,
                                                      const at::Tensor& weight, const at::Tensor& rstd) {
@@ -34,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, con
   TORCH_CHECK(rstd.numel() == rows && rstd.scalar_type() == at::kFloat, "rms_norm_backward: one rstd a row");
   const at::Tensor dy_c = grad.contiguous(), x_c = input.contiguous(), w_c = weight.contiguous(),
                    r_c = rstd.contiguous();
-  at::Tensor dx = at::empty_like(x_c);
+  at::Tensor dx = g_buffers.like(x_c);
   const int threads = at::get_num_threads();
   std::vector<double> partial(static_cast<size_t>(threads) * H, 0.0);
   const float* dy = dy_c.data_ptr<float>();
@@ -91,10 +101,14 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, con
   return {dx.view(input.sizes()), dw.view(weight.sizes())};
 }
 
+// Drop the kept buffers (those in use live on with their holders): when a model is gone.
+void release_rms_norm_grad_buffers() { g_buffers.release(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ort_hf, m) {
   m.def("rms_norm_backward(Tensor grad, Tensor input, Tensor weight, Tensor rstd) -> (Tensor, Tensor)");
+  m.def("release_rms_norm_grad_buffers() -> ()", release_rms_norm_grad_buffers);  // no tensor: every backend
 }
 
 TORCH_LIBRARY_IMPL(ort_hf, CPU, m) { m.impl("rms_norm_backward", rms_norm_backward); }

@@ -3,7 +3,8 @@
 // can cost more than the kernel itself (55 ms of 75 for a softmax gradient on one of this project's
 // EPYC cores; cpu_embedding_grad.cpp met the same cost). So such a result is written into a buffer
 // kept from an earlier call once nothing holds that buffer any more (ORT released the value it
-// carried), as ORT's own kernels write into its arena; smaller ones come from malloc's heap. A buffer
+// carried), as ORT's own kernels write into its arena; smaller ones come from malloc's heap, unless
+// the kernel sets a lower bound (cpu_rms_norm_grad.cpp says why its is 1 MiB). A buffer
 // serves any result of its size or up to half its size, of any shape and type, so that results
 // whose shape changes from batch to batch (the cross-entropy gradient of an MLM's labelled rows)
 // reuse the same buffers.
@@ -20,8 +21,9 @@ namespace ort_hf {
 
 class KeptBuffers {
  public:
-  // Keeps up to `max_kept` buffers.
-  explicit KeptBuffers(size_t max_kept) : max_kept_(max_kept) {}
+  // Keeps up to `max_kept` buffers, for results of at least `min_kept_bytes`.
+  explicit KeptBuffers(size_t max_kept, int64_t min_kept_bytes = kMmapThresholdMax)
+      : min_kept_bytes_(min_kept_bytes), max_kept_(max_kept) {}
 
   // An uninitialised contiguous tensor of `like`'s sizes and type.
   at::Tensor like(const at::Tensor& like) { return empty(like.sizes(), like.options()); }
@@ -31,7 +33,7 @@ class KeptBuffers {
     const int64_t nbytes =
         c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
     const at::TensorOptions contiguous = options.memory_format(at::MemoryFormat::Contiguous);
-    if (nbytes < kMinKeptBytes) {
+    if (nbytes < min_kept_bytes_) {
       return at::empty(sizes, contiguous);
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -75,9 +77,10 @@ class KeptBuffers {
   static bool unused(const at::Tensor& kept) { return kept.storage().use_count() == 1; }
 
   std::mutex mutex_;
-  static constexpr int64_t kMinKeptBytes = 32 * 1024 * 1024;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+  static constexpr int64_t kMmapThresholdMax = 32 * 1024 * 1024;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
   std::vector<at::Tensor> kept_;  // byte tensors, one a buffer
+  int64_t min_kept_bytes_;
   size_t max_kept_;
 };
 
