@@ -259,11 +259,10 @@ def _op_name(event: dict) -> str:
     return op
 
 
-def summary(profile: Path, top: int = 25) -> str:
+def summary(events: list[dict], top: int = 25) -> str:
     """ORT's node time by op type, largest first; ATen nodes by the kernel they call (the last part
     of their name: ``cpu_kernel_swaps`` names each after its kernel, ``ort_hf_...`` for ort_hf's own;
-    ``ATen`` alone for the others)."""
-    events = json.loads(profile.read_text())
+    ``ATen`` alone for the others); ``events``: ORT's profile, as its JSON file holds them."""
     by_op, calls = collections.Counter(), collections.Counter()
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
@@ -277,10 +276,9 @@ def summary(profile: Path, top: int = 25) -> str:
     return "\n".join(lines) + "\n"
 
 
-def by_run(profile: Path, top: int = 6) -> str:
+def by_run(events: list[dict], top: int = 6) -> str:
     """ORT's node time in each run of the graph (each ``SequentialExecutor::Execute``: a step's forward,
     then its backward), by op type, the ``top`` largest: how a kernel's time moves from step to step."""
-    events = json.loads(profile.read_text())
     runs = sorted(
         (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"].endswith("::Execute")
     )
@@ -358,7 +356,8 @@ def main() -> None:
                 text = Path(profile_dir, "eager.txt").read_text()
             else:  # the training session's profile
                 profile = max(Path(profile_dir).glob("*.json"), key=lambda p: p.stat().st_size)
-                text = summary(profile) + (by_run(profile) if args.by_run else "")
+                events = json.loads(profile.read_text())
+                text = summary(events) + (by_run(events) if args.by_run else "")
         (out / f"{family}-{args.tag}.txt").write_text(text)
         print(f"== {family} ({args.tag})\n{text}", flush=True)
 

@@ -69,9 +69,9 @@ ORT_PRODUCT_VENDORS = frozenset({"AuthenticAMD"})
 # was measured faster than PyTorch's mm at the layers' weight gradients (cpu_weight_grad.py), and ORT's
 # MatMul at the head's hidden-state gradient (the module docstring)
 ORT_GEMM_CPUS = frozenset({("AuthenticAMD", "AVX512")})
-# (vendor_id, capability, /proc/cpuinfo's cpu family) of the CPUs where ORT's Gemm was measured faster
-# than mm at the head's weight gradient: not family 25's AVX512 EPYC (the module docstring)
-ORT_HEAD_WEIGHT_GRAD_CPUS = frozenset({("AuthenticAMD", "AVX512", 26)})
+# /proc/cpuinfo's cpu family of the ORT_GEMM_CPUS where ORT's Gemm was measured faster than mm at the
+# head's weight gradient: not family 25's AVX512 EPYC (the module docstring)
+ORT_HEAD_WEIGHT_GRAD_FAMILIES = frozenset({26})
 
 
 @cache
@@ -98,13 +98,13 @@ def ort_weight_grad_wanted(
     asked: bool | None, vendor: str | None = None, capability: str | None = None, family: int | None = None
 ) -> bool:
     """Whether the head's weight gradient ``Z^T X`` runs on ORT's Gemm: as ``asked``
-    (``ORTOptions.cpu_lm_head_weight_grad_swap``), else on the CPUs of :data:`ORT_HEAD_WEIGHT_GRAD_CPUS`
-    (``family``: default /proc/cpuinfo's); elsewhere on PyTorch's ``mm``, as eager."""
+    (``ORTOptions.cpu_lm_head_weight_grad_swap``), else on the CPUs of :data:`ORT_GEMM_CPUS` of a family
+    in :data:`ORT_HEAD_WEIGHT_GRAD_FAMILIES` (``family``: default /proc/cpuinfo's); elsewhere on
+    PyTorch's ``mm``, as eager."""
     if asked is not None:
         return asked
-    vendor = cpu_vendor() if vendor is None else vendor
-    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
-    return (vendor, capability, cpu_family() if family is None else family) in ORT_HEAD_WEIGHT_GRAD_CPUS
+    family = cpu_family() if family is None else family
+    return on_ort_gemm_cpu(vendor, capability) and family in ORT_HEAD_WEIGHT_GRAD_FAMILIES
 
 
 def on_ort_gemm_cpu(vendor: str | None = None, capability: str | None = None) -> bool:
