@@ -659,7 +659,7 @@ def _swap_in_training_graph(graph: GraphProto) -> None:
 
 def release_kernel_buffers() -> None:
     """Drop the buffers ort_hf's embedding-, softmax-, RMSNorm-, cross-entropy- and weight-gradient
-    kernels keep for reuse (a model is gone)."""
+    kernels and its flash-attention wrappers keep for reuse (a model is gone)."""
     import torch
 
     for release in (
@@ -668,6 +668,7 @@ def release_kernel_buffers() -> None:
         "release_rms_norm_grad_buffers",
         "release_cross_entropy_grad_buffers",
         "release_weight_grad_buffers",
+        "release_flash_attention_buffers",
     ):
         if _own_kernel(release):
             getattr(torch.ops.ort_hf, release)()

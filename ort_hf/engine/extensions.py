@@ -12,6 +12,7 @@ registered in ``sys.modules`` under the name ORTModule imports.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -159,7 +160,33 @@ _CFLAGS = ["-O3", "-std=c++17"]  # as ORT's own setup.py builds them
 def _cflags(name: str) -> list[str]:
     # ours use at::parallel_for, i.e. OpenMP: the library then needs libgomp.so.1, which the
     # loader resolves to the copy torch already loaded, so both share one thread pool.
-    return _CFLAGS + (["-fopenmp"] if name in OWN_EXTENSIONS else [])
+    return _CFLAGS + (["-fopenmp", *_dispatch_stub_flags()] if name in OWN_EXTENSIONS else [])
+
+
+# The CPU capabilities a torch build may compile its kernels for beside the default, per machine:
+# each adds pointers to the entry point of its dispatch stubs (ATen/native/DispatchStub.h declares
+# them under HAVE_<capability>_CPU_DEFINITION, which torch's own build defines, not an extension's).
+_STUB_CAPABILITIES = {"x86_64": (("AVX512", 1), ("AVX2", 1)), "aarch64": (("SVE", 2),)}
+_GET_CALL_PTR = "_ZN2at6native16DispatchStubImpl12get_call_ptrEN3c1010DeviceTypeEPv"  # then one S4_ a pointer more
+
+
+@functools.cache
+def _dispatch_stub_flags() -> tuple[str, ...]:
+    """The flags under which a kernel of ours may call one of torch's dispatch stubs (as
+    cpu_flash_attention.cpp does): the capabilities whose entry point this torch exports, found by
+    the entry point's mangled name, and ``ORT_HF_DISPATCH_STUBS``; none where neither name is found
+    (the kernel then calls torch's operator)."""
+    import ctypes
+    import platform
+
+    import torch
+
+    library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    for capabilities in (_STUB_CAPABILITIES.get(platform.machine(), ()), ()):
+        pointers = sum(count for _, count in capabilities)
+        if hasattr(library, _GET_CALL_PTR + "S4_" * pointers):
+            return (*(f"-DHAVE_{name}_CPU_DEFINITION" for name, _ in capabilities), "-DORT_HF_DISPATCH_STUBS")
+    return ()
 
 
 def _digest(paths: list[Path], cflags: list[str], archs: str = "") -> str:

@@ -106,6 +106,48 @@ def test_the_wrapper_gives_the_kernels_bits(mask_kind, threads):
     assert all(torch.equal(a, b) for a, b in zip(kernel, wrapper))
 
 
+def test_the_wrappers_results_are_contiguous_and_from_1_mib_on_kept_buffers(aten_nodes_run):
+    """On x86-64 the wrappers call the kernel's dispatch stubs with results of their own
+    (csrc/cpu_flash_attention.cpp): contiguous, the kernel's bits, and from 1 MiB up written into a
+    buffer released by an earlier result, not into a block malloc hands out again."""
+    import platform
+
+    from ort_hf.engine.cpu_kernel_swaps import release_kernel_buffers
+    from ort_hf.engine.extensions import _dispatch_stub_flags
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the dispatch stubs' capabilities are known for x86-64 only (engine/extensions.py)")
+    assert "-DORT_HF_DISPATCH_STUBS" in _dispatch_stub_flags()
+    forward, backward = torch.ops.ort_hf.flash_attention, torch.ops.ort_hf.flash_attention_backward
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 8, 320, 64, generator=g) for _ in range(4))  # 1.25 MiB each
+    want_out, want_lse = getattr(torch.ops.aten, FLASH)(q, k, v, 0.0, True)
+    want_grads = getattr(torch.ops.aten, FLASH_BACKWARD)(grad, q, k, v, want_out, want_lse, 0.0, True)
+
+    held = forward(q, k, v, 0.0, True, None, None, 1)
+    second = forward(q, k, v, 0.0, True, None, None, 1)
+    kept = second[0].data_ptr()
+    assert kept != held[0].data_ptr()
+    del second
+    other = torch.empty(q.shape)  # would get the freed block, were it not kept
+    assert other.data_ptr() != kept
+    out, lse = forward(q, k, v, 0.0, True, None, None, 1)
+    assert out.data_ptr() == kept
+
+    held_grads = backward(grad, q, k, v, out, lse, 0.0, True, None, None, 1)
+    second_grads = backward(grad, q, k, v, out, lse, 0.0, True, None, None, 1)
+    kept_grads = {t.data_ptr() for t in second_grads}
+    assert not kept_grads & {t.data_ptr() for t in held_grads}
+    del second_grads
+    others = [torch.empty(q.shape) for _ in range(3)]
+    assert not kept_grads & {t.data_ptr() for t in others}
+    grads = backward(grad, q, k, v, out, lse, 0.0, True, None, None, 1)
+    assert len(kept_grads & {t.data_ptr() for t in grads}) >= 2  # the fourth may take the output gradient's copy
+    for got, want in ((out, want_out), (lse, want_lse), *zip(grads, want_grads), *zip(held_grads, want_grads)):
+        assert got.is_contiguous() and torch.equal(got, want)
+    release_kernel_buffers()
+
+
 class _TwoAttentions(torch.nn.Module):
     """Two attentions over one input; the second's values are narrower than its queries and keys
     (as in DeepSeek's multi-head latent attention), where eager SDPA takes its math kernel."""
