@@ -14,6 +14,11 @@ the batch's longest, for ``cls``.
     python scripts/paired_option_steps.py --workload lora-200m --option cpu_linear_product_swap --out FILE.json
     python scripts/paired_option_steps.py --workload clm --model_dir /tmp/heldout/gpt2-6x768 --seq_len 256 \
         --batch_size 4 --option cpu_linear_product_swap   # scripts/heldout_models.py's
+
+``--option torch_flash_operators`` is no ORTOptions switch: both trainers take the defaults, and for
+the ``False`` side's calls ort_hf's flash-attention wrappers (``engine/csrc/cpu_flash_attention.cpp``)
+are registered over by calls of PyTorch's own operators, as the wrappers were before they wrote the
+kernel's results themselves: the same kernel and bits, its results where PyTorch's operators put them.
 """
 
 from __future__ import annotations
@@ -67,13 +72,61 @@ def _collate(rows: list[dict]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+TORCH_FLASH_OPERATORS = "torch_flash_operators"
+
+
+def _masks_the_future(mask) -> bool:
+    if mask is None or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    above = torch.ones(mask.shape[-2:], dtype=torch.bool).triu(1)
+    return bool(torch.isneginf(mask[..., above]).all())
+
+
+def _torch_flash_operators():
+    """A library registering calls of PyTorch's flash-attention operators over ort_hf's wrappers, with
+    the wrappers' thread count and their causal flag (``_destroy()`` puts the wrappers back)."""
+    import warnings
+
+    from ort_hf.engine.runtime import ensure_engine
+
+    ensure_engine()  # ort_hf's kernels registered first
+
+    def threads_for(threads, call):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return call()
+        finally:
+            torch.set_num_threads(before)
+
+    def forward(q, k, v, dropout_p, is_causal, attn_mask, scale, threads):
+        causal = is_causal or _masks_the_future(attn_mask)
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return threads_for(threads, lambda: op(q, k, v, dropout_p, causal, attn_mask=attn_mask, scale=scale))
+
+    def backward(grad, q, k, v, out, lse, dropout_p, is_causal, attn_mask, scale, threads):
+        causal = is_causal or _masks_the_future(attn_mask)
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        return threads_for(
+            threads, lambda: op(grad, q, k, v, out, lse, dropout_p, causal, attn_mask=attn_mask, scale=scale)
+        )
+
+    library = torch.library.Library("ort_hf", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that a kernel is registered over
+        library.impl("flash_attention", forward, "CPU")
+        library.impl("flash_attention_backward", backward, "CPU")
+    return library
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", required=True, help="an ort-hf bench workload (mlm, clm, lora-200m, ...)")
     parser.add_argument(
         "--option",
         required=True,
-        help="an ORTOptions switch, without ort_ (cpu_linear_product_swap); several, comma-separated, switch together",
+        help="an ORTOptions switch, without ort_ (cpu_linear_product_swap); several, comma-separated, switch "
+        f"together; or {TORCH_FLASH_OPERATORS} (above)",
     )
     parser.add_argument("--calls", type=int, default=4, help="train() calls per side (default 4)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per call (default 5)")
@@ -127,7 +180,7 @@ def main() -> None:
             dataloader_num_workers=0,
             ort_fallback="disable",
             ort_intra_op_threads=args.threads,
-            **{f"ort_{name}": value for name in args.option.split(",")},
+            **({} if args.option == TORCH_FLASH_OPERATORS else {f"ort_{n}": value for n in args.option.split(",")}),
         )
         clock = Clock()
         trainer = ORTTrainer(
@@ -141,7 +194,10 @@ def main() -> None:
     for call in range(args.calls):
         for value in (True, False) if call % 2 == 0 else (False, True):
             trainer, clock = sides[value]
+            library = _torch_flash_operators() if args.option == TORCH_FLASH_OPERATORS and not value else None
             trainer.train()
+            if library is not None:
+                library._destroy()
             print(
                 f"call {call}, {args.option}={value}: steps {[round(t) for t in clock.times[-(args.steps - 1) :]]} ms"
             )
