@@ -181,7 +181,10 @@ def _dispatch_stub_flags() -> tuple[str, ...]:
 
     import torch
 
-    library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    try:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    except OSError:  # not a Linux wheel's layout
+        return ()
     for capabilities in (_STUB_CAPABILITIES.get(platform.machine(), ()), ()):
         pointers = sum(count for _, count in capabilities)
         if hasattr(library, _GET_CALL_PTR + "S4_" * pointers):
