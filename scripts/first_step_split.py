@@ -20,6 +20,7 @@ busy machine inflate far less than the wall clock. A diagnostic, not a test: no 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -100,6 +101,7 @@ def _wrap_stages(times: dict[str, list[float]]) -> None:
             owner = getattr(owner, cls_name)
         original = owner.__dict__[attr].__func__ if static else getattr(owner, attr)
 
+        @functools.wraps(original)  # ORT passes autograd_inlining only where export's signature shows it
         def timed(*args, _original=original, _label=label, **kwargs):
             start = _clock()
             stack.append([0.0, 0.0])
@@ -126,7 +128,9 @@ def _wrap_stages(times: dict[str, list[float]]) -> None:
                     setattr(caller, attr, timed)
 
 
-def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: int, cache_dir: str | None) -> dict:
+def worker(
+    workload_name: str, engine: str, steps: int, data_dir: str, threads: int, cache_dir: str | None, shape: dict
+) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -138,7 +142,7 @@ def worker(workload_name: str, engine: str, steps: int, data_dir: str, threads: 
     from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
     workload = WORKLOADS[workload_name]
-    settings = BenchSettings(steps=steps, warmup_steps=1, threads=threads, data_dir=data_dir)
+    settings = BenchSettings(steps=steps, warmup_steps=1, threads=threads, data_dir=data_dir, **shape)
     tokenizer = load_tokenizer(settings)
     dataset = build_dataset(workload, settings, tokenizer)
     model = build_model(workload, settings, tokenizer, num_labels=num_labels(dataset) or 2)
@@ -232,6 +236,9 @@ def main() -> int:
     parser.add_argument(
         "--render_only", metavar="JSON", help="print the table of a raw JSON this script wrote; run nothing"
     )
+    parser.add_argument("--model_dir", default=None, help="the workload's model from this folder (as ort-hf bench's)")
+    parser.add_argument("--seq_len", type=int, default=None, help="the workload's sequence length unless given")
+    parser.add_argument("--batch_size", type=int, default=None, help="the workload's batch size unless given")
     parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--cache_dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -239,7 +246,8 @@ def main() -> int:
         print(render(json.loads(Path(args.render_only).read_text())))
         return 0
     if args.worker:
-        result = worker(*args.worker, args.steps, args.data_dir, args.threads, args.cache_dir)
+        shape = {"model_dir": args.model_dir, "seq_len": args.seq_len, "batch_size": args.batch_size}
+        result = worker(*args.worker, args.steps, args.data_dir, args.threads, args.cache_dir, shape)
         print("RESULT " + json.dumps(result))
         return 0
 
@@ -256,6 +264,9 @@ def main() -> int:
                 for engine, cache_dir, variant in runs:
                     command = [sys.executable, __file__, "--worker", workload, engine, "--steps", str(args.steps)]
                     command += ["--data_dir", args.data_dir, "--threads", str(args.threads)]
+                    for flag in ("model_dir", "seq_len", "batch_size"):
+                        if getattr(args, flag) is not None:
+                            command += [f"--{flag}", str(getattr(args, flag))]
                     if cache_dir:
                         command += ["--cache_dir", str(Path(cache_dir) / "export-cache")]
                     proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
