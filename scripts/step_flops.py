@@ -28,12 +28,11 @@ import sys
 from pathlib import Path
 
 
-def step_gflop(model_dir: str, batch_size: int, seq_len: int) -> float:
+def step_gflop(config, batch_size: int, seq_len: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
     ids = torch.randint(config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter:
@@ -53,22 +52,39 @@ def fastest_product_rate(microbench: dict) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--batch_size", type=int, required=True)
-    parser.add_argument("--seq_len", type=int, required=True)
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model_dir", help="a causal LM's folder")
+    model.add_argument("--bench_workload", help="ort-hf bench's causal LM of this workload (clm, clm-gpt2)")
+    parser.add_argument("--batch_size", type=int, help="default: the bench workload's")
+    parser.add_argument("--seq_len", type=int, help="default: the bench workload's")
     parser.add_argument("--bench", nargs="*", default=[], help="ort-hf bench JSONs of this model and shape")
     parser.add_argument("--microbench", nargs="*", default=[], help="weight_grad_microbench JSONs of the same CPU")
     parser.add_argument("--target", type=float, default=1.3)
     args = parser.parse_args()
-    gflop = step_gflop(args.model_dir, args.batch_size, args.seq_len)
-    print(f"{Path(args.model_dir).name} at {args.batch_size} x {args.seq_len}: {gflop:.1f} GFLOP of products a step")
+    if args.bench_workload:
+        from ort_hf.bench.models import build_model, load_tokenizer
+        from ort_hf.bench.spec import WORKLOADS, BenchSettings
+
+        workload, settings = WORKLOADS[args.bench_workload], BenchSettings()
+        config = build_model(workload, settings, load_tokenizer(settings)).config
+        name, batch, seq = args.bench_workload, args.batch_size or workload.batch_size, args.seq_len or workload.seq_len
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.model_dir)
+        name, batch, seq = Path(args.model_dir).name, args.batch_size, args.seq_len
+        if batch is None or seq is None:
+            parser.error("--model_dir needs --batch_size and --seq_len")
+    gflop = step_gflop(config, batch, seq)
+    print(f"{name} at {batch} x {seq}: {gflop:.1f} GFLOP of products a step")
     for path in args.microbench:
         print(
             f"  fastest single product in {path}: {fastest_product_rate(json.loads(Path(path).read_text())):.0f} GFLOP/s"
         )
     for path in args.bench:
         report = json.loads(Path(path).read_text())
-        steps = {row["variant"]: row["step_median_ms"] for row in report["rows"]}
+        rows = [row for row in report["rows"] if args.model_dir or row["workload"] == args.bench_workload]
+        steps = {row["variant"]: row["step_median_ms"] for row in rows}
         print(f"  {path}:")
         for variant, ms in steps.items():
             print(f"    {variant}: median step {ms:.0f} ms, {gflop / (ms / 1000):.0f} GFLOP/s")
