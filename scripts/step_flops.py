@@ -15,7 +15,7 @@ and the optimizer are not counted: the rate is a lower bound on what the product
         --seq_len 256 --bench docs/results/kept-flash-heldout-mistral-4x512-v32k/<cpu key>/bench.json
 
 prints the step's GFLOP, each engine's median step and the GFLOP/s it implies, and the step time
-(and rate) ORT would need for 1.3x eager's. With ``--microbench``
+(and rate) ORT would need for its target (bench/targets.toml's, 1.3x eager's for a causal LM). With ``--microbench``
 (``scripts/weight_grad_microbench.py``'s JSON of that CPU), also the fastest rate a single product
 of those shapes reached there, either library. A diagnostic: no figure is checked.
 """
@@ -50,6 +50,16 @@ def fastest_product_rate(microbench: dict) -> float:
     return best
 
 
+def _speed_target(workload: str) -> float:
+    """ORT's samples/s target for ``workload`` in this repository's bench/targets.toml."""
+    import tomllib
+
+    targets = tomllib.loads((Path(__file__).resolve().parents[1] / "bench" / "targets.toml").read_text())
+    return next(
+        t["at_least"] for t in targets["speed"] if t["workload"] == workload and t.get("variant", "ort") == "ort"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model = parser.add_mutually_exclusive_group(required=True)
@@ -59,14 +69,20 @@ def main() -> int:
     parser.add_argument("--seq_len", type=int, help="default: the bench workload's")
     parser.add_argument("--bench", nargs="*", default=[], help="ort-hf bench JSONs of this model and shape")
     parser.add_argument("--microbench", nargs="*", default=[], help="weight_grad_microbench JSONs of the same CPU")
-    parser.add_argument("--target", type=float, default=1.3)
+    parser.add_argument(
+        "--target",
+        type=float,
+        help="ORT's samples/s ratio to eager to reach; default: bench/targets.toml's speed target of the workload "
+        "(clm for --model_dir)",
+    )
     args = parser.parse_args()
+    target = args.target or _speed_target(args.bench_workload or "clm")
     if args.bench_workload:
-        from ort_hf.bench.models import build_model, load_tokenizer
-        from ort_hf.bench.spec import WORKLOADS, BenchSettings
+        from kernel_profiles import _bench_model  # the bench's model, built as ort-hf bench builds it
 
-        workload, settings = WORKLOADS[args.bench_workload], BenchSettings()
-        config = build_model(workload, settings, load_tokenizer(settings)).config
+        from ort_hf.bench.spec import WORKLOADS
+
+        workload, config = WORKLOADS[args.bench_workload], _bench_model(args.bench_workload)[2]
         name, batch, seq = args.bench_workload, args.batch_size or workload.batch_size, args.seq_len or workload.seq_len
     else:
         from transformers import AutoConfig
@@ -89,8 +105,8 @@ def main() -> int:
         for variant, ms in steps.items():
             print(f"    {variant}: median step {ms:.0f} ms, {gflop / (ms / 1000):.0f} GFLOP/s")
         if "eager" in steps:
-            need = steps["eager"] / args.target
-            print(f"    {args.target}x eager's needs a {need:.0f} ms step: {gflop / (need / 1000):.0f} GFLOP/s")
+            need = steps["eager"] / target
+            print(f"    {target}x eager's needs a {need:.0f} ms step: {gflop / (need / 1000):.0f} GFLOP/s")
     return 0
 
 
