@@ -155,8 +155,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             # In place, one pass over the chunk from memory (each row's passes run in cache). A row's
             # softmax at its maximum is exp(0) / sum exp(z - top), the row's largest value, so
             # logsumexp is top - log max(softmax): no underflow, since that maximum is at least 1 /
-            # vocab. Two amax passes, not one max with indices (8x slower on a CPU: 36 against 4 ms at
-            # 1,048 x 32,000 on a 2-core AMD EPYC, AVX2), and the same value as softmax at the index.
+            # vocab. Two amax passes, not one max with indices: the same value as the softmax at the
+            # index, and on a 2-core AMD EPYC (AVX2) 16 to 38 ms a chunk for max against 3.5 to 4.7 for
+            # amax (scripts/fused_loss_chunk_microbench.py: docs/results/kernel-profiles/<cpu>/).
             torch.softmax(z, dim=1, out=z)
             log_sum_exp = top - z.amax(dim=1).log()
             total += ((log_sum_exp - picked) * counted).sum()
