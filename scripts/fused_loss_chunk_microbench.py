@@ -18,9 +18,9 @@ import argparse
 import os
 import platform
 import sys
-import time
 
 import torch
+from weight_grad_microbench import _min_ms  # the fastest of reps after two warm-up calls, in ms
 
 HEADS = (  # (tokens a step, hidden, vocabulary): the bench's clm and clm-gpt2, the held-out models
     ("clm (tiny Llama)", 2048, 256, 30522),
@@ -30,17 +30,6 @@ HEADS = (  # (tokens a step, hidden, vocabulary): the bench's clm and clm-gpt2, 
     ("SmolLM2-135M shape", 1024, 576, 49152),
     ("GPT-2 6 x 384", 2048, 384, 50257),
 )
-
-
-def _min_ms(fn, reps: int) -> float:
-    fn()
-    fn()
-    walls = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - start)
-    return min(walls) * 1e3
 
 
 def _chunk_rows(name, tokens, hidden, vocab, threads, reps) -> None:
