@@ -114,7 +114,7 @@ def run_doctor() -> int:
 
     from .engine import apply_jit_environment, is_ort_training_available
 
-    # First, while CUDA is not initialised: is_ort_training_available imports onnxruntime, and
+    # First, while CUDA is not initialised: ensure_engine imports onnxruntime, and
     # torch.cuda.is_available() below runs cuInit.
     apply_jit_environment()
     can_train = False
@@ -128,11 +128,11 @@ def run_doctor() -> int:
         from .engine import EngineUnavailableError, ExtensionBuildError, ensure_engine, extension_dir
 
         try:
+            state = ensure_engine()  # the first import of onnxruntime (is_ort_training_available says why)
             import onnxruntime
 
             lines.append(("ORT providers", ", ".join(onnxruntime.get_available_providers())))
             lines.append(("device", "cuda" if torch.cuda.is_available() else "cpu (no CUDA device)"))
-            state = ensure_engine()
             lines.append(("extension cache", str(extension_dir())))
             for name, st in state.extensions.items():
                 lines.append((f"  {name}", f"built: {st.path}" if st.loaded else f"FAILED: {st.error}"))

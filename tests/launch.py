@@ -47,6 +47,7 @@ def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONFAULTHANDLER"] = "1"  # a run that aborts prints each thread's Python stack
     # This checkout's ort_hf and the tests' helpers (tiny_models, ...), as pytest's pythonpath has them.
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), *filter(None, [env.get("PYTHONPATH")])])
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

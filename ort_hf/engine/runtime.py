@@ -11,6 +11,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import EngineUnavailableError
 
@@ -37,11 +38,19 @@ _lock = threading.Lock()
 
 
 def is_ort_training_available() -> bool:
-    """True when onnxruntime-training is installed (cheap: does not import it)."""
+    """True when onnxruntime-training is installed. Looks for the package's ``training`` folder
+    without importing it: ``import onnxruntime`` validates its build by importing ORTModule, which
+    must first happen in :func:`ensure_engine`, with the bridges in place and ORT's custom autograd
+    deferred. Imported anywhere else, ORTModule's import fails part-way and its half-made modules
+    stay alive (functions of theirs are registered elsewhere), each with a pending init exception
+    whose traceback's frames link, frame by calling frame, to the caller's: the training loop's
+    model, optimizer and DDP wrapper then lived as long as the process."""
     try:
-        return importlib.util.find_spec("onnxruntime.training") is not None
+        spec = importlib.util.find_spec("onnxruntime")
     except ModuleNotFoundError:
         return False
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    return any((Path(folder) / "training" / "__init__.py").is_file() for folder in locations)
 
 
 def ensure_engine() -> EngineState:
@@ -93,6 +102,8 @@ def ensure_engine() -> EngineState:
         pending = ortmodule._FALLBACK_INIT_EXCEPTION
         if pending is not None and "extensions were not detected" in str(pending):
             ortmodule._FALLBACK_INIT_EXCEPTION = None
+            pending.with_traceback(None)  # its frames link to this call's callers (is_ort_training_available)
+        del pending
         _state = EngineState(ortmodule=ortmodule, extensions=statuses, pythonop_available=pythonop)
         return _state
 

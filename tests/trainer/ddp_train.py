@@ -17,9 +17,11 @@ all-gathers it), i.e. the mean over the global batch, comparable with the single
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -120,10 +122,21 @@ def main() -> None:
         result = {"losses": losses, "backends": backends, "world_size": world, "changed_params": changed}
         cli.out.write_text(json.dumps(result))
     if distributed:
-        dist.barrier()
-        # Leave no gloo threads running into interpreter teardown: one rank of a full-suite run
-        # aborted there ("terminate called without an active exception") after training passed.
-        dist.destroy_process_group()
+        ddp = weakref.ref(trainer._ort_run.train_model)
+        del trainer, model
+        close_process_group()
+        assert ddp() is None, "the DDP wrapper outlived its trainer"
+
+
+def close_process_group() -> None:
+    """End a launched run once its caller has dropped its trainer: collect it first, so that DDP's
+    reducer, with the gloo work and the tensors it holds, goes while the interpreter is whole (one
+    rank of a full-suite run aborted after training, "terminate called without an active exception",
+    with the process group destroyed but the trainer still alive into interpreter teardown), then
+    destroy the process group once every rank is done."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch.distributed as dist
-from ddp_train import synthetic_dataset, tiny_classifier  # the script's own folder is on sys.path
+from ddp_train import close_process_group, synthetic_dataset, tiny_classifier  # the script's own folder is on sys.path
 from safetensors.torch import save_file
 from transformers import TrainerCallback  # noqa: E402
 
@@ -154,10 +154,8 @@ def main() -> None:
         }
         cli.out.write_text(json.dumps(result))
     if deepspeed:
-        dist.barrier()
-        # Leave no gloo threads running into interpreter teardown: one rank of a full-suite run
-        # aborted there ("terminate called without an active exception") after training passed.
-        dist.destroy_process_group()
+        del trainer, model, wrapped
+        close_process_group()
 
 
 if __name__ == "__main__":
