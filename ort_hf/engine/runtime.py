@@ -41,10 +41,11 @@ def is_ort_training_available() -> bool:
     """True when onnxruntime-training is installed. Looks for the package's ``training`` folder
     without importing it: ``import onnxruntime`` validates its build by importing ORTModule, which
     must first happen in :func:`ensure_engine`, with the bridges in place and ORT's custom autograd
-    deferred. Imported anywhere else, ORTModule's import fails part-way and its half-made modules
-    stay alive (functions of theirs are registered elsewhere), each with a pending init exception
-    whose traceback's frames link, frame by calling frame, to the caller's: the training loop's
-    model, optimizer and DDP wrapper then lived as long as the process."""
+    deferred. First imported from here (``find_spec("onnxruntime.training")`` imports
+    ``onnxruntime``), ORTModule's module code ran three times in one process and its copies stayed
+    alive, each with a pending init exception whose traceback's frames link, calling frame by
+    calling frame, to this call's callers: the training loop's model, optimizer and DDP wrapper
+    lived as long as the process (``tests/trainer/test_trainer_released.py``)."""
     try:
         spec = importlib.util.find_spec("onnxruntime")
     except ModuleNotFoundError:
