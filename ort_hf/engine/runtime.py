@@ -103,8 +103,7 @@ def ensure_engine() -> EngineState:
         pending = ortmodule._FALLBACK_INIT_EXCEPTION
         if pending is not None and "extensions were not detected" in str(pending):
             ortmodule._FALLBACK_INIT_EXCEPTION = None
-            pending.with_traceback(None)  # its frames link to this call's callers (is_ort_training_available)
-        del pending
+            pending.with_traceback(None)  # its frames link to this call's callers
         _state = EngineState(ortmodule=ortmodule, extensions=statuses, pythonop_available=pythonop)
         return _state
 

@@ -14,16 +14,11 @@ from launch import ROOT, _env
 
 CHILD = """
 import gc, sys, weakref
-import torch
-from transformers import BertConfig, BertForSequenceClassification
-from tiny_models import rule_dataset, tiny_args
+from tiny_models import FAMILIES, build, rule_dataset, tiny_args
 from ort_hf.trainer import ORTTrainer, ORTTrainingArguments
 
 assert "onnxruntime" not in sys.modules
-torch.manual_seed(0)
-config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                    intermediate_size=64, num_labels=2)
-model = BertForSequenceClassification(config)
+model = build(FAMILIES["bert-cls"])
 args = tiny_args(ORTTrainingArguments, sys.argv[1], max_steps=2, use_cpu=True, optim="adamw_torch")
 trainer = ORTTrainer(model=model, args=args, train_dataset=rule_dataset())
 trainer.train()
