@@ -150,17 +150,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             h, t, counted = hidden[start:end], target[start:end], valid[start:end]
             z = buffer[: end - start]
             _logits(product, h, weight, bias, z)
-            picked = z.gather(1, t.unsqueeze(1)).squeeze(1)  # raises on a label out of range, as nll_loss
-            top = z.amax(dim=1)
             # In place, one pass over the chunk from memory (each row's passes run in cache). A row's
-            # softmax at its maximum is exp(0) / sum exp(z - top), the row's largest value, so
-            # logsumexp is top - log max(softmax): no underflow, since that maximum is at least 1 /
-            # vocab. Two amax passes, not one max with indices: the same value as the softmax at the
-            # index, and on a 2-core AMD EPYC (AVX2) 16 to 38 ms a chunk for max against 3.5 to 4.7 for
-            # amax (scripts/fused_loss_chunk_microbench.py: docs/results/kernel-profiles/<cpu>/).
+            # loss is then -log of its softmax at the label: no pass over the chunk for the row maxima
+            # or the logsumexp (each a read of the whole chunk, 7 ms of a chunk's 200 on a 2-core Intel
+            # Xeon: scripts/fused_loss_chunk_microbench.py, docs/results/kernel-profiles/<cpu>/).
             torch.softmax(z, dim=1, out=z)
-            log_sum_exp = top - z.amax(dim=1).log()
-            total += ((log_sum_exp - picked) * counted).sum()
+            at_label = z.gather(1, t.unsqueeze(1)).squeeze(1)  # raises on a label out of range, as nll_loss
+            row_loss = torch.where(counted, -at_label.log(), 0.0)
+            # Below the smallest normal float the softmax has lost digits, or is 0 (a loss above 87):
+            # those rows' loss is logsumexp - logit from their logits, recomputed.
+            lost = (counted & (at_label < torch.finfo(z.dtype).tiny)).nonzero().squeeze(1)
+            if lost.numel():
+                logits = torch.nn.functional.linear(h[lost], weight, bias)
+                label_logit = logits.gather(1, t[lost].unsqueeze(1)).squeeze(1)
+                row_loss[lost] = torch.logsumexp(logits, dim=1) - label_logit
+            total += row_loss.sum()
             if not any_grad:
                 continue
             # The softmax's gradient: minus one at the label, zero on ignored rows

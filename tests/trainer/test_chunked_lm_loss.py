@@ -110,6 +110,27 @@ def test_the_chunk_buffer_is_kept_between_calls_and_carries_nothing_over(small_c
     assert chunked_lm_loss._spare is None
 
 
+def test_a_label_whose_softmax_underflows_gets_its_loss_from_its_logits(small_chunks):
+    """Logits 200 apart: the softmax at the label is 0 in float32 (a loss of about 200, where -log of
+    it would be inf), and a few ulp above the smallest normal float; each such row's loss is
+    recomputed from its logits, the others' read off the softmax."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(7, 8, generator=g)
+    hidden[2] = 0
+    hidden[2, 0] = 100.0
+    hidden[4] = 0
+    hidden[4, 0] = 43.5  # softmax at the label exp(-87), just above float32's smallest normal
+    weight = torch.randn(100, 8, generator=g)
+    weight[:, 0] = 0
+    weight[10, 0], weight[11, 0] = 1.0, -1.0
+    labels = torch.randint(0, 100, (7,), generator=g)
+    labels[2], labels[4], labels[6] = 11, 11, -100
+    ref, got = _fused_and_reference(hidden, weight, labels)
+    assert torch.isfinite(got[0]) and float(ref[0]) > 200
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_a_second_backward_raises_instead_of_reading_gradients_scaled_in_place():
     hidden = torch.randn(5, 4, requires_grad=True)
     weight = torch.randn(7, 4, requires_grad=True)
