@@ -14,6 +14,10 @@ the batch's longest, for ``cls``.
     python scripts/paired_option_steps.py --workload lora-200m --option cpu_linear_product_swap --out FILE.json
     python scripts/paired_option_steps.py --workload clm --model_dir /tmp/heldout/gpt2-6x768 --seq_len 256 \
         --batch_size 4 --option cpu_linear_product_swap   # scripts/heldout_models.py's
+    python scripts/paired_option_steps.py --workload mlm --option cpu_linear_product_min_dim --values 384,768
+
+``--values`` gives the option's two sides (JSON, default ``true,false``); the first is the one the
+summary calls "on".
 
 ``--option torch_flash_operators`` is no ORTOptions switch: both trainers take the defaults, and for
 the ``False`` side's calls ort_hf's flash-attention wrappers (``engine/csrc/cpu_flash_attention.cpp``)
@@ -128,6 +132,7 @@ def main() -> None:
         help="an ORTOptions switch, without ort_ (cpu_linear_product_swap); several, comma-separated, switch "
         f"together; or {TORCH_FLASH_OPERATORS} (above)",
     )
+    parser.add_argument("--values", default="true,false", help="the option's two sides, JSON (default true,false)")
     parser.add_argument("--calls", type=int, default=4, help="train() calls per side (default 4)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per call (default 5)")
     parser.add_argument("--threads", type=int, default=2)
@@ -166,9 +171,10 @@ def main() -> None:
                 self.times.append((time.perf_counter() - self.start) * 1e3)
             self.first = False
 
+    first, second = (json.loads(v) for v in args.values.split(","))
     out = tempfile.mkdtemp()
     sides = {}
-    for value in (True, False):
+    for value in (first, second):
         training_args = ORTTrainingArguments(
             output_dir=f"{out}/{value}",
             per_device_train_batch_size=batch_size,
@@ -192,30 +198,31 @@ def main() -> None:
         )
         sides[value] = (trainer, clock)
     for call in range(args.calls):
-        for value in (True, False) if call % 2 == 0 else (False, True):
+        for value in (first, second) if call % 2 == 0 else (second, first):
             trainer, clock = sides[value]
-            library = _torch_flash_operators() if args.option == TORCH_FLASH_OPERATORS and not value else None
+            library = _torch_flash_operators() if args.option == TORCH_FLASH_OPERATORS and value == second else None
             trainer.train()
             if library is not None:
                 library._destroy()
             print(
                 f"call {call}, {args.option}={value}: steps {[round(t) for t in clock.times[-(args.steps - 1) :]]} ms"
             )
-    on, off = sides[True][1].times, sides[False][1].times
+    on, off = sides[first][1].times, sides[second][1].times
     summary = {
         "workload": args.workload,
         "model_dir": args.model_dir,
         "seq_len": settings.seq_for(workload),
         "batch_size": batch_size,
         "option": args.option,
+        "values": [first, second],
         "cpu": describe(cpu_record()),
         "on_median_ms": statistics.median(on),
         "off_median_ms": statistics.median(off),
         "off_over_on": statistics.median(off) / statistics.median(on),
     }
     print(
-        f"{args.workload} on {summary['cpu']}: {args.option}=True median step {summary['on_median_ms']:.0f} ms, "
-        f"False {summary['off_median_ms']:.0f} ms ({len(on)} steps each); False over True {summary['off_over_on']:.3f}"
+        f"{args.workload} on {summary['cpu']}: {args.option}={first} median step {summary['on_median_ms']:.0f} ms, "
+        f"{second} {summary['off_median_ms']:.0f} ms ({len(on)} steps each); {second} over {first} {summary['off_over_on']:.3f}"
     )
     if args.out:
         Path(args.out).write_text(json.dumps({**summary, "on_ms": on, "off_ms": off, "argv": sys.argv[1:]}, indent=1))
