@@ -1,9 +1,10 @@
 """The fused LM-head loss's work on one chunk of rows (``module_with_loss/chunked_lm_loss.py``), each
 operation timed alone at the chunk shapes of the bench's and the held-out models' heads: the three
 products on each library the loss can run them on (ORT's MLAS sessions of
-``engine/cpu_head_products.py``, PyTorch's ``mm``), the row maxima (one ``max`` with indices against
-one ``amax``), the in-place softmax, and the whole Function (forward and backward over all the
-rows, on this CPU's default products), the reason for each choice of the loss's chunk loop.
+``engine/cpu_head_products.py``, PyTorch's ``mm``), a pass for the row maxima (one ``max`` with
+indices, one ``amax``: what the loss would pay to take them; it reads its loss off the softmax
+instead), the in-place softmax, and the whole Function (forward and backward over all the rows, on
+this CPU's default products), the reason for each choice of the loss's chunk loop.
 
 Per operation, after two warm-up calls, the fastest wall time of the repetitions, on every core;
 the chunk is ``CHUNK_ELEMENTS`` logits (``rows`` = that over the vocabulary).
