@@ -112,7 +112,7 @@ def test_the_chunk_buffer_is_kept_between_calls_and_carries_nothing_over(small_c
 
 def test_a_label_whose_softmax_underflows_gets_its_loss_from_its_logits(small_chunks):
     """Logits 200 apart: the softmax at the label is 0 in float32 (a loss of about 200, where -log of
-    it would be inf), and a few ulp above the smallest normal float; each such row's loss is
+    it would be inf), and 87 apart, just above the smallest normal float; the first row's loss is
     recomputed from its logits, the others' read off the softmax."""
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(7, 8, generator=g)
